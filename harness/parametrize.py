@@ -17,7 +17,7 @@ import unittest
 from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple
 
 import torch
-from parameterized import parameterized
+from parameterized import param, parameterized
 
 PARAMS_ATTR = "__harness_params__"
 
@@ -79,10 +79,10 @@ def _test_names(base: str, names: Sequence[str], combos: List[Tuple[Any, ...]]) 
 def _expand(fn: Callable, names: Sequence[str], combos: List[Tuple[Any, ...]]) -> Dict[str, Any]:
     """Let `parameterized.expand` generate one method per combination into a fresh namespace."""
     test_names = _test_names(fn.__name__, names, combos)
-    cases = [parameterized.param(**dict(zip(names, combo))) for combo in combos]
+    cases = [param(**dict(zip(names, combo))) for combo in combos]
     namespace: Dict[str, Any] = {}
     parameterized.expand(
-        cases, name_func=lambda _f, index, _p: test_names[index], namespace=namespace
+        cases, name_func=lambda _f, index, _p: test_names[int(index)], namespace=namespace
     )(fn)
     return {name: namespace[name] for name in test_names}
 

@@ -22,7 +22,7 @@ SEED_ENV = "HARNESS_SEED"
 DEFAULT_SEED = 1234
 
 
-def test_seed() -> int:
+def current_seed() -> int:
     """The seed every test starts from: HARNESS_SEED (set by `--seed N`), else 1234."""
     value = os.environ.get(SEED_ENV, "")
     try:
@@ -139,7 +139,7 @@ class TestCase(expecttest.TestCase):
 
     def setUp(self) -> None:
         super().setUp()
-        seed_everything(test_seed())
+        seed_everything(current_seed())
 
     def assertEqual(  # noqa: N802 - unittest's naming
         self,

@@ -1,0 +1,112 @@
+"""harness.devices: env knobs for device, world size, timeout, start method, torchrun."""
+
+import os
+import unittest
+from unittest import mock
+
+import torch
+
+from harness import devices
+from harness.devices import HarnessConfigError
+
+
+def env(**values):
+    """Patch os.environ with `values` (None removes a variable)."""
+    patch = mock.patch.dict(os.environ)
+    patch.start()
+    for key, value in values.items():
+        os.environ.pop(key, None)
+        if value is not None:
+            os.environ[key] = value
+    return patch
+
+
+class DevicesTest(unittest.TestCase):
+    def setUp(self):
+        self.patch = env(
+            HARNESS_DEVICE=None,
+            HARNESS_WORLD_SIZE=None,
+            HARNESS_TIMEOUT=None,
+            HARNESS_START_METHOD=None,
+            RANK=None,
+            WORLD_SIZE=None,
+            MASTER_ADDR=None,
+        )
+        self.addCleanup(self.patch.stop)
+
+    def test_cpu_without_accelerators(self):
+        with mock.patch.object(torch.cuda, "is_available", return_value=False):
+            self.assertEqual(devices.accelerator_count(), 0)
+            self.assertEqual(devices.device_type(), "cpu")
+            self.assertEqual(devices.backend_for(devices.device_type()), "gloo")
+            self.assertEqual(devices.rank_device(1), torch.device("cpu"))
+            self.assertEqual(devices.default_world_size(), 2)
+
+    def test_one_process_per_gpu_with_nccl(self):
+        with (
+            mock.patch.object(torch.cuda, "is_available", return_value=True),
+            mock.patch.object(torch.cuda, "device_count", return_value=4),
+        ):
+            self.assertEqual(devices.device_type(), "cuda")
+            self.assertEqual(devices.backend_for("cuda"), "nccl")
+            self.assertEqual(devices.default_world_size(), 4)
+            self.assertEqual(devices.rank_device(5), torch.device("cuda", 1))
+            os.environ["HARNESS_DEVICE"] = "cpu"
+            self.assertEqual(devices.device_type(), "cpu")
+            self.assertEqual(devices.default_world_size(), 2)
+
+    def test_forcing_cuda_without_cuda_is_an_error(self):
+        os.environ["HARNESS_DEVICE"] = "cuda"
+        with mock.patch.object(torch.cuda, "is_available", return_value=False):
+            with self.assertRaisesRegex(HarnessConfigError, "no CUDA device"):
+                devices.device_type()
+
+    def test_unknown_device_names_the_value(self):
+        os.environ["HARNESS_DEVICE"] = "tpu"
+        with self.assertRaisesRegex(
+            HarnessConfigError, r"HARNESS_DEVICE='tpu' is not one of: cpu, cuda"
+        ):
+            devices.device_type()
+        with self.assertRaisesRegex(HarnessConfigError, "'tpu'"):
+            devices.backend_for("tpu")
+
+    def test_world_size_from_env(self):
+        os.environ["HARNESS_WORLD_SIZE"] = "3"
+        self.assertEqual(devices.default_world_size(), 3)
+        for bad in ("two", "1.5", "0"):
+            os.environ["HARNESS_WORLD_SIZE"] = bad
+            with self.assertRaisesRegex(HarnessConfigError, f"HARNESS_WORLD_SIZE='{bad}'"):
+                devices.default_world_size()
+
+    def test_timeout(self):
+        self.assertEqual(devices.default_timeout(), 300.0)
+        os.environ["HARNESS_TIMEOUT"] = "2.5"
+        self.assertEqual(devices.default_timeout(), 2.5)
+        os.environ["HARNESS_TIMEOUT"] = "soon"
+        with self.assertRaisesRegex(HarnessConfigError, "HARNESS_TIMEOUT='soon'"):
+            devices.default_timeout()
+
+    def test_start_method(self):
+        self.assertEqual(devices.start_method(), "forkserver")
+        os.environ["HARNESS_START_METHOD"] = "spawn"
+        self.assertEqual(devices.start_method(), "spawn")
+        os.environ["HARNESS_START_METHOD"] = "thread"
+        with self.assertRaisesRegex(HarnessConfigError, "HARNESS_START_METHOD='thread'"):
+            devices.start_method()
+
+    def test_torchrun_env(self):
+        self.assertIsNone(devices.torchrun_env())
+        os.environ.update(RANK="1", WORLD_SIZE="4", MASTER_ADDR="127.0.0.1")
+        self.assertEqual(devices.torchrun_env(), (1, 4))
+        os.environ["RANK"] = "one"
+        with self.assertRaisesRegex(HarnessConfigError, "RANK='one'"):
+            devices.torchrun_env()
+
+    def test_intra_op_threads_share_the_cores(self):
+        with mock.patch.object(os, "sched_getaffinity", return_value={0, 1, 2, 3}, create=True):
+            self.assertEqual(devices.intra_op_threads(2), 2)
+            self.assertEqual(devices.intra_op_threads(8), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()

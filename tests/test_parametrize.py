@@ -1,0 +1,198 @@
+"""harness.parametrize: generated test names, stacking, errors, subtest grids."""
+
+import enum
+import unittest
+
+import torch
+
+from harness import TestCase, instantiate_parametrized_tests, parametrize, run_subtests
+from harness.skips import REQUIREMENTS_ATTR, skip_if_lt_x_gpu
+
+
+class Strategy(enum.Enum):
+    FULL_SHARD = 1
+    NO_SHARD = 3
+
+
+def _test_names(cls):
+    return sorted(name for name in vars(cls) if name.startswith("test"))
+
+
+class ParametrizeTest(unittest.TestCase):
+    def test_names_are_identifiers_with_enum_members_and_none(self):
+        calls = []
+
+        class Case(TestCase):
+            @parametrize("use_index", [True, False])
+            def test_device_id(self, use_index):
+                calls.append(use_index)
+
+            @parametrize("sharding_strategy", [Strategy.NO_SHARD, None])
+            def test_strategy(self, sharding_strategy):
+                calls.append(sharding_strategy)
+
+        instantiate_parametrized_tests(Case)
+        self.assertEqual(
+            _test_names(Case),
+            [
+                "test_device_id_use_index_False",
+                "test_device_id_use_index_True",
+                "test_strategy_sharding_strategy_NO_SHARD",
+                "test_strategy_sharding_strategy_None",
+            ],
+        )
+        result = unittest.TestResult()
+        unittest.defaultTestLoader.loadTestsFromTestCase(Case).run(result)
+        self.assertTrue(result.wasSuccessful())
+        self.assertEqual(
+            sorted(calls, key=repr), sorted([True, False, Strategy.NO_SHARD, None], key=repr)
+        )
+
+    def test_stacked_decorators_give_the_product_in_written_order(self):
+        seen = []
+
+        class Case(TestCase):
+            @parametrize("a", [1, 2])
+            @parametrize("b", ["x y", 1.5])
+            def test_grid(self, a, b):
+                seen.append((a, b))
+
+        instantiate_parametrized_tests(Case)
+        self.assertEqual(
+            _test_names(Case),
+            [
+                "test_grid_a_1_b_1_5",
+                "test_grid_a_1_b_x_y",
+                "test_grid_a_2_b_1_5",
+                "test_grid_a_2_b_x_y",
+            ],
+        )
+        for name in _test_names(Case):
+            self.assertTrue(name.isidentifier(), name)
+        unittest.defaultTestLoader.loadTestsFromTestCase(Case).run(unittest.TestResult())
+        self.assertEqual(
+            sorted(seen, key=repr), sorted([(1, "x y"), (1, 1.5), (2, "x y"), (2, 1.5)], key=repr)
+        )
+
+    def test_template_method_is_removed(self):
+        class Case(TestCase):
+            @parametrize("dtype", [torch.float16, torch.bfloat16])
+            def test_dtype(self, dtype):
+                pass
+
+        instantiate_parametrized_tests(Case)
+        self.assertEqual(
+            _test_names(Case), ["test_dtype_dtype_bfloat16", "test_dtype_dtype_float16"]
+        )
+
+    def test_skip_requirements_survive_generation(self):
+        class Case(TestCase):
+            @skip_if_lt_x_gpu(2, allow_cpu=True)
+            @parametrize("a", [1])
+            def test_x(self, a):
+                pass
+
+        instantiate_parametrized_tests(Case)
+        self.assertTrue(getattr(Case.test_x_a_1, REQUIREMENTS_ATTR))
+
+    def test_no_values_is_an_error_naming_the_parameter(self):
+        with self.assertRaisesRegex(ValueError, r"parametrize\('use_index'\): no values given"):
+            parametrize("use_index", [])
+
+    def test_unknown_parameter_is_an_error(self):
+        with self.assertRaisesRegex(ValueError, "has no parameter 'b'"):
+
+            @parametrize("b", [1])
+            def test_x(self, a):
+                pass
+
+    def test_same_parameter_twice_is_an_error(self):
+        with self.assertRaisesRegex(ValueError, "already parametrized"):
+
+            @parametrize("a", [1])
+            @parametrize("a", [2])
+            def test_x(self, a):
+                pass
+
+
+class RunSubtestsTest(unittest.TestCase):
+    def _run(self, body):
+        class Case(TestCase):
+            def test_grid(self):
+                body(self)
+
+        result = unittest.TestResult()
+        case = Case("test_grid")
+        case.run(result)
+        return case, result
+
+    def test_cartesian_product_in_dict_order_with_extra_args(self):
+        seen = []
+
+        def fn(prefix, a, b, suffix):
+            seen.append((prefix, a, b, suffix))
+
+        case, result = self._run(
+            lambda self: run_subtests(self, {"a": [1, 2], "b": ["x", "y"]}, fn, "p", suffix="s")
+        )
+        self.assertTrue(result.wasSuccessful())
+        self.assertEqual(
+            seen, [("p", 1, "x", "s"), ("p", 1, "y", "s"), ("p", 2, "x", "s"), ("p", 2, "y", "s")]
+        )
+        self.assertEqual(case._grid_points_run, 4)
+
+    def test_failing_point_is_reported_with_params_and_the_rest_still_run(self):
+        seen = []
+
+        def fn(self_, a, b):
+            seen.append((a, b))
+            self_.assertNotEqual((a, b), (2, "x"))
+
+        _, result = self._run(
+            lambda self: self.run_subtests({"a": [1, 2, 3], "b": ["x"]}, fn, self)
+        )
+        self.assertFalse(result.wasSuccessful())
+        self.assertEqual(seen, [(1, "x"), (2, "x"), (3, "x")])
+        self.assertEqual(len(result.failures), 1)
+        self.assertIn("(a=2, b='x')", str(result.failures[0][0]))
+
+    def test_skipped_point_is_not_a_failure(self):
+        def fn(self_, a):
+            if a == 1:
+                self_.skipTest("not this one")
+
+        _, result = self._run(lambda self: self.run_subtests({"a": [1, 2]}, fn, self))
+        self.assertTrue(result.wasSuccessful())
+        self.assertEqual([reason for _, reason in result.skipped], ["not this one"])
+
+    def test_ranks_out_of_step_stop_the_grid(self):
+        seen = []
+
+        class Case(TestCase):
+            def _grid_point_done(self, params, passed):
+                return passed
+
+            def test_grid(self):
+                def fn(a):
+                    seen.append(a)
+                    assert a != 2
+
+                self.run_subtests({"a": [1, 2, 3]}, fn)
+
+        result = unittest.TestResult()
+        Case("test_grid").run(result)
+        self.assertEqual(seen, [1, 2])
+        self.assertTrue(any("could not stay in step" in text for _, text in result.failures))
+
+    def test_bad_grids_name_the_problem(self):
+        case = TestCase()
+        with self.assertRaisesRegex(TypeError, "must be a dict.*got list"):
+            run_subtests(case, [("a", [1])], print)
+        with self.assertRaisesRegex(ValueError, r"grid\['b'\] is an empty list"):
+            run_subtests(case, {"a": [1], "b": []}, print)
+        with self.assertRaisesRegex(TypeError, r"grid\['a'\] must be a list"):
+            run_subtests(case, {"a": 3}, print)
+
+
+if __name__ == "__main__":
+    unittest.main()
