@@ -8,6 +8,8 @@ one function here instead of every suite.
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
 from importlib import import_module
 from typing import Any, Iterator, Sequence, Tuple
 
@@ -115,3 +117,173 @@ def fsdp1_exec_order_class() -> type:
     from torch.distributed.fsdp._exec_order_utils import _ExecOrderData
 
     return _ExecOrderData
+
+
+# --- models / test_misc ---
+# FSDP1 internals that test_misc inspects (flat parameters, env knobs, the homogeneous-attribute
+# list) and two private distributed entry points it calls.
+
+
+def default_process_group() -> Any:
+    """The default (WORLD) process group, as ``distributed_c10d._get_default_group`` returns it."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_group()
+
+
+def fsdp_handles(module: Any) -> list[Any]:
+    """Every FSDP1 ``FlatParamHandle`` in ``module``'s tree (``_traversal_utils``)."""
+    from torch.distributed.fsdp import _traversal_utils
+
+    return list(_traversal_utils._get_fsdp_handles(module))
+
+
+def fsdp_flat_param(fsdp_module: Any) -> Any:
+    """The ``FlatParameter`` an FSDP1 instance manages itself, or None when it manages none."""
+    handle = fsdp_module._handle
+    return handle.flat_param if handle is not None else None
+
+
+def fsdp_flat_param_resharded(fsdp_module: Any) -> Tuple[bool, int, bool] | None:
+    """Facts that say whether an FSDP1 instance is resharded, or None when it has no handle.
+
+    Returns ``(uses_sharded_strategy, unsharded_storage_size, points_at_local_shard)``: the
+    padded unsharded buffer's storage size (0 once freed; 0 also for ``NO_SHARD``, which
+    has none) and whether the flat parameter's data is its local shard.
+    """
+    handle = fsdp_module._handle
+    if handle is None:
+        return None
+    flat_param = handle.flat_param
+    sharded = bool(handle.uses_sharded_strategy)
+    storage = flat_param._full_param_padded.untyped_storage().size() if sharded else 0
+    return sharded, storage, flat_param.data_ptr() == flat_param._local_shard.data_ptr()
+
+
+def fsdp_unsafe_setattr_env() -> str:
+    """Env var that makes FSDP1 bypass ``nn.Module.__setattr__`` (``_flat_param``)."""
+    from torch.distributed.fsdp._flat_param import _FSDP_USE_UNSAFE_SETATTR
+
+    return _FSDP_USE_UNSAFE_SETATTR
+
+
+def fsdp_full_prec_in_eval_env() -> str:
+    """Env var that makes FSDP1 run eval in full precision (``_flat_param``)."""
+    from torch.distributed.fsdp._flat_param import _FSDP_USE_FULL_PREC_IN_EVAL
+
+    return _FSDP_USE_FULL_PREC_IN_EVAL
+
+
+def fsdp_homogeneous_attr_names() -> Tuple[str, ...]:
+    """FSDP1 state attributes that must agree across nested instances (``_runtime_utils``)."""
+    from torch.distributed.fsdp import _runtime_utils
+
+    return tuple(_runtime_utils.HOMOGENEOUS_ATTR_NAMES)
+
+
+def hybrid_shard_zero2() -> Any:
+    """``ShardingStrategy._HYBRID_SHARD_ZERO2``: hybrid sharding that keeps params unsharded."""
+    from torch.distributed.fsdp import ShardingStrategy
+
+    return ShardingStrategy._HYBRID_SHARD_ZERO2
+
+
+def apply_optimizer_in_backward(**kwargs: Any) -> None:
+    """``torch.distributed.optim._apply_optimizer_in_backward`` (optimizer step in backward)."""
+    from torch.distributed.optim import _apply_optimizer_in_backward
+
+    _apply_optimizer_in_backward(**kwargs)
+
+
+def tensor_backward_hooks(tensor: Any) -> list[Any]:
+    """Hooks registered on ``tensor`` with ``register_hook`` (its ``_backward_hooks``)."""
+    hooks = tensor._backward_hooks
+    return list(hooks.values()) if hooks else []
+
+
+# --- threaded backend ---
+# torch.distributed keeps its process-group state (default group, group maps, the group
+# name registry) in one module-level `distributed_c10d._world`. Ranks that are threads
+# each need their own, for the duration of a threaded run only.
+
+# Fields of c10d's `_World` that hold state, with the value a fresh thread starts from.
+# `pg_config_info` is derived from them, so it works unchanged on the per-thread world.
+_C10D_WORLD_FIELDS: dict[str, Any] = {
+    "default_pg": None,
+    "pg_map": dict,
+    "pg_names": dict,
+    "pg_group_ranks": dict,
+    "pg_backend_config": dict,
+    "group_count": 0,
+    "tags_to_pg": dict,
+    "pg_to_tag": dict,
+    "pg_coalesce_state": dict,
+    "comms": list,
+}
+_c10d_world_lock = threading.Lock()
+_c10d_world_depth = [0]
+
+
+def _per_thread_field(name: str, default: Any) -> property:
+    def get(self: Any) -> Any:
+        state = self._per_thread.__dict__
+        if name not in state:
+            state[name] = default() if callable(default) else default
+        return state[name]
+
+    def set_(self: Any, value: Any) -> None:
+        self._per_thread.__dict__[name] = value
+
+    return property(get, set_)
+
+
+@functools.cache
+def _thread_local_c10d_world_class() -> type:
+    """A subclass of `distributed_c10d._World` whose every field is separate per thread."""
+    from torch.distributed import distributed_c10d
+
+    base = distributed_c10d._World
+    known = set(_C10D_WORLD_FIELDS) | {"pg_config_info"}
+    unknown = sorted(k for k, v in vars(base).items() if isinstance(v, property) and k not in known)
+    if unknown:
+        raise RuntimeError(
+            f"this torch's distributed_c10d._World has fields {unknown} that "
+            "harness/compat.py does not make per-thread; add them to _C10D_WORLD_FIELDS"
+        )
+    namespace = {name: _per_thread_field(name, d) for name, d in _C10D_WORLD_FIELDS.items()}
+    return type("ThreadLocalWorld", (base,), namespace)
+
+
+def _thread_local_c10d_world() -> Any:
+    cls = _thread_local_c10d_world_class()
+    world = cls.__new__(cls)
+    world._per_thread = threading.local()
+    return world
+
+
+@contextlib.contextmanager
+def thread_local_c10d_world() -> Iterator[None]:
+    """Give every thread its own torch.distributed world while the context is active.
+
+    Inside, each thread has its own default group, group maps and group-name registry
+    (c10d's C++ registry is switched to per-thread mode too), so rank threads can each
+    call `init_process_group`. The previous world is restored on exit.
+    """
+    import torch
+    from torch.distributed import distributed_c10d
+
+    set_isolation = getattr(torch._C._distributed_c10d, "_set_thread_isolation_mode", None)
+    with _c10d_world_lock:
+        saved = distributed_c10d._world
+        distributed_c10d._world = _thread_local_c10d_world()
+        _c10d_world_depth[0] += 1
+        if set_isolation is not None and _c10d_world_depth[0] == 1:
+            set_isolation(True)
+    try:
+        yield
+    finally:
+        with _c10d_world_lock:
+            distributed_c10d._world = saved
+            _c10d_world_depth[0] -= 1
+            if set_isolation is not None and _c10d_world_depth[0] == 0:
+                set_isolation(False)

@@ -1,0 +1,218 @@
+"""What runs inside one rank process: set the process up, run the test case, report every event.
+
+The parent (harness/multiprocess.py) only supervises. A rank re-creates its TestCase by
+name, runs it with `case.run(result)` so unittest's own machinery (setUp, subTest,
+skips, expected failures) applies unchanged, and `ForwardingResult` sends each event to
+the parent over a pipe, where the outcome is decided. This module must stay importable
+without side effects: the forkserver preloads it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import gc
+import importlib
+import os
+import signal
+import sys
+import tempfile
+import threading
+import traceback
+import unittest
+from dataclasses import dataclass
+from multiprocessing import parent_process
+from multiprocessing.connection import Connection, wait
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from harness.outcome import Event, picklable_params
+from harness.skips import SKIP_BY_EXIT_CODE
+
+STACK_SIGNAL = signal.SIGUSR1  # the parent sends it to get a rank's Python stack
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything a rank needs to re-create and run its test (picklable, sent at start)."""
+
+    module: str
+    qualname: str
+    method: str
+    rank: int
+    world_size: int
+    file_name: str
+    output_path: str
+    temp_dir: str
+    threads: int
+    env: Dict[str, str]
+
+
+def main(spec: RankSpec, channel: Connection) -> None:
+    """Entry point of a rank process: run the test once and exit without interpreter teardown."""
+    # Keep the garbage collector out of the objects inherited from the forkserver: a full
+    # collection touches every one of them, copying the whole preloaded heap into the rank.
+    gc.freeze()
+    _die_with_parent()
+    _capture_output(spec.output_path)
+    _prepare_process(spec)
+    result = ForwardingResult(channel)
+    try:
+        case = load_case(spec)
+    except Exception:
+        channel.send(Event("failure", format_error(sys.exc_info())))
+    else:
+        case.run(result)
+        result.grid_points = getattr(case, "_grid_points_run", 0)
+    channel.send(Event("done", count=result.grid_points))
+    channel.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skips atexit handlers and destructors (e.g. of a process group the test left behind),
+    # which can hang or take longer than the test itself; everything was reported above.
+    os._exit(0)
+
+
+def _die_with_parent() -> None:
+    """Make sure this rank cannot outlive the test process, however that process ends.
+
+    PR_SET_PDEATHSIG covers the spawn start method, where the test process is our parent.
+    With the forkserver our parent is the forkserver, which outlives a killed test process
+    while ranks hold it open, so a thread also watches the sentinel multiprocessing keeps
+    for the process that started us (the test process) and kills us when it closes.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    starter = parent_process()
+    if starter is not None:
+        threading.Thread(
+            target=_kill_self_when_ready, args=(starter.sentinel,), name="harness-lifeline",
+            daemon=True,
+        ).start()
+
+
+def _kill_self_when_ready(sentinel: int) -> None:
+    wait([sentinel])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def without_lifeline(stack: str) -> str:
+    """A faulthandler dump without the lifeline thread's block, which is the same in every rank."""
+    blocks = stack.split("\n\n")
+    return "\n\n".join(b for b in blocks if f"in {_kill_self_when_ready.__name__}" not in b)
+
+
+def _capture_output(path: str) -> None:
+    """Send this process's fds 1 and 2 (so C++ and child output too) to its private file."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)  # lines reach the file even if the rank is killed
+
+
+def _prepare_process(spec: RankSpec) -> None:
+    """Per-rank process settings: environment, stack dumps, loopback gloo, thread count."""
+    # The forkserver's environment is frozen at its start; use the test process's current one.
+    os.environ.clear()
+    os.environ.update(spec.env)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # Ctrl-C reaches the whole process group; the parent decides and stops the ranks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.enable(all_threads=True)
+    faulthandler.register(STACK_SIGNAL, all_threads=True, chain=False)
+    # Temp files of the test land in the test's private dir, removed even if the rank is killed.
+    tempfile.tempdir = spec.temp_dir
+    torch.set_num_threads(spec.threads)
+
+
+def load_case(spec: RankSpec) -> unittest.TestCase:
+    """Re-create the parent's TestCase in this rank from its module, class and method names."""
+    target: Any = importlib.import_module(spec.module)
+    for part in spec.qualname.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise LookupError(
+                f"test class {spec.qualname} not found in module {spec.module}: "
+                "multi-process test classes must be defined at module level"
+            )
+    case = target(spec.method)
+    case._attach_rank(spec.rank, spec.world_size, spec.file_name)
+    return case
+
+
+class ForwardingResult(unittest.TestResult):
+    """A unittest result that sends every event to the parent instead of keeping it."""
+
+    def __init__(self, channel: Connection) -> None:
+        super().__init__()
+        self._channel = channel
+        self.grid_points = 0
+
+    def _send(self, event: Event) -> None:
+        self._channel.send(event)
+
+    def addSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802 - unittest's naming
+        self._send(Event("success"))
+
+    def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+        self._send(Event("failure", format_error(err)))
+
+    def addError(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+        skip = skip_exit_reason(err)
+        if skip is not None:
+            self.addSkip(test, skip)
+        else:
+            self._send(Event("failure", format_error(err)))
+
+    def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
+        if getattr(test, "test_case", None) is not None:  # a skipped grid point (subTest)
+            self._send(Event("subtest", reason, _params_of(test), "skip"))
+        else:
+            self._send(Event("skip", reason))
+
+    def addSubTest(self, test: unittest.TestCase, subtest: Any, err: Any) -> None:  # noqa: N802
+        params = _params_of(subtest)
+        if err is None:
+            self._send(Event("subtest", "", params, "pass"))
+            return
+        skip = skip_exit_reason(err)
+        if skip is not None:
+            self._send(Event("subtest", skip, params, "skip"))
+        else:
+            self._send(Event("subtest", format_error(err), params, "fail"))
+
+    def addExpectedFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+        self._send(Event("expected_failure", format_error(err)))
+
+    def addUnexpectedSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802
+        self._send(Event("unexpected_success"))
+
+
+def _params_of(subtest: Any) -> Dict[str, Any]:
+    return picklable_params(dict(getattr(subtest, "params", {}) or {}))
+
+
+def skip_exit_reason(err: Tuple[Any, Any, Any]) -> Optional[str]:
+    """The TEST_SKIPS message when the error is `sys.exit(code)` with a skip code, else None."""
+    exctype, value, _ = err
+    if exctype is not None and issubclass(exctype, SystemExit):
+        code = getattr(value, "code", None)
+        if code in SKIP_BY_EXIT_CODE:
+            return SKIP_BY_EXIT_CODE[code].message
+    return None
+
+
+def format_error(err: Tuple[Any, Any, Any]) -> str:
+    """The traceback as text, without the leading unittest/harness frames (as unittest does)."""
+    exctype, value, tb = err
+    while tb is not None and "__unittest" in tb.tb_frame.f_globals:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(exctype, value, tb))

@@ -1,0 +1,52 @@
+"""harness/__init__.py: every public name of the design contract is importable from `harness`."""
+
+import ast
+import unittest
+from pathlib import Path
+
+import harness
+
+CONTRACT_NAMES = [
+    "TestCase", "MultiProcessTestCase", "MultiThreadedTestCase", "FSDPTest",
+    "FSDPTestMultiThread", "DTensorTestBase", "with_comms", "with_temp_dir", "parametrize",
+    "instantiate_parametrized_tests", "run_subtests", "skip_if_lt_x_gpu", "TEST_SKIPS",
+    "TEST_WITH_DEV_DBG_ASAN", "run_tests", "FSDPInitMode", "DEVICEInitMode", "CUDAInitMode",
+    "NestedWrappedModule", "TransformerWithSharedParams", "MLP", "assert_module_states",
+    "_assert_module_states", "check_sharded_parity", "patch_reduce_scatter",
+    "patch_register_post_backward_hook_backward", "reduce_scatter_with_assert",
+]
+
+
+class PublicNamesTest(unittest.TestCase):
+    def test_every_contract_name_is_exported(self):
+        for name in CONTRACT_NAMES:
+            with self.subTest(name=name):
+                self.assertIn(name, harness.__all__)
+                self.assertIsNotNone(getattr(harness, name))
+
+    def test_aliases(self):
+        self.assertIs(harness.CUDAInitMode, harness.DEVICEInitMode)
+        self.assertIs(harness._assert_module_states, harness.assert_module_states)
+
+    def test_parametrize_is_the_decorator_not_the_module(self):
+        self.assertTrue(callable(harness.parametrize))
+        self.assertEqual(harness.parametrize.__name__, "parametrize")
+
+    def test_unknown_name_is_an_attribute_error(self):
+        with self.assertRaisesRegex(AttributeError, "no attribute 'nope'"):
+            harness.nope  # noqa: B018
+
+    def test_no_private_torch_testing_import(self):
+        root = Path(__file__).resolve().parent.parent
+        for path in sorted([*root.glob("harness/*.py"), *root.glob("test_cases/*.py")]):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module]
+                for name in names:
+                    self.assertFalse(name.startswith("torch.testing._internal"), f"{path}: {name}")
+
+if __name__ == "__main__":
+    unittest.main()

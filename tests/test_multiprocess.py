@@ -1,0 +1,302 @@
+"""Fault injection for MultiProcessTestCase: one test per outcome, checking outcome and message.
+
+Each test runs a case from tests/fault_cases.py through `case.run(result)` and inspects
+what the harness reported to unittest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+from typing import Any, Dict, List, Optional, Tuple
+from unittest import mock
+
+from harness import torchrun
+from harness.devices import HarnessConfigError
+from harness.skips import TEST_SKIPS
+from tests import fault_cases
+from tests.fault_cases import FAULT_DIR_ENV
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class RecordingResult(unittest.TestResult):
+    """A TestResult that also keeps passing subtests, to see every grid point reported."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.subtests: List[Tuple[Any, Any]] = []
+
+    def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
+        super().addSubTest(test, subtest, err)
+        self.subtests.append((subtest, err))
+
+
+def _alive(pid: int) -> bool:
+    """Whether pid is a live process (a zombie waiting to be reaped counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait_until(condition: Any, limit_s: float) -> bool:
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+class FaultTestBase(unittest.TestCase):
+    def setUp(self) -> None:
+        self.fault_dir = tempfile.mkdtemp(prefix="harness-fault-")
+        self.addCleanup(lambda: __import__("shutil").rmtree(self.fault_dir, ignore_errors=True))
+        patcher = mock.patch.dict(os.environ, {FAULT_DIR_ENV: self.fault_dir})
+        patcher.start()
+        self.addCleanup(patcher.stop)
+
+    def run_case(self, cls: type, name: str, env: Optional[Dict[str, str]] = None) -> Any:
+        case = cls(name)
+        result = RecordingResult()
+        with mock.patch.dict(os.environ, env or {}):
+            case.run(result)
+        self.assertEqual(result.testsRun, 1)
+        self.assertEqual(result.errors, [], "the harness itself raised")
+        self.addCleanup(self._assert_private_dir_removed, case)
+        return case, result
+
+    def _assert_private_dir_removed(self, case: Any) -> None:
+        if case.file_name is not None:
+            self.assertFalse(os.path.exists(os.path.dirname(case.file_name)))
+
+    def failure_of(self, cls: type, name: str) -> str:
+        _, result = self.run_case(cls, name)
+        self.assertEqual(len(result.failures), 1, result.failures)
+        return result.failures[0][1]
+
+    def noted(self, name: str) -> str:
+        with open(os.path.join(self.fault_dir, name)) as f:
+            return f.read()
+
+
+class TestOutcomes(FaultTestBase):
+    def test_pass(self) -> None:
+        case, result = self.run_case(fault_cases.Passing, "test_all_reduce")
+        self.assertTrue(result.wasSuccessful())
+        self.assertEqual((result.failures, result.skipped), ([], []))
+        self.assertEqual([r.exitcode for r in case.rank_records], [0, 0])
+
+    def test_exception_on_one_rank(self) -> None:
+        message = self.failure_of(fault_cases.Failing, "test_raise_on_rank_1")
+        self.assertIn("AssertionError: rank 1 raised", message)
+        self.assertIn('fault_cases.py", line', message)
+        self.assertIn("ValueError: boom from rank 1", message)
+        self.assertNotIn("rank 0 raised", message)
+
+    def test_exception_on_all_ranks(self) -> None:
+        message = self.failure_of(fault_cases.Failing, "test_raise_on_all_ranks")
+        for rank in (0, 1):
+            self.assertIn(f"rank {rank} raised:", message)
+            self.assertIn(f"ValueError: boom from rank {rank}", message)
+
+    def test_exit_code(self) -> None:
+        message = self.failure_of(fault_cases.Failing, "test_exit_code")
+        self.assertIn("rank 1 exited with code 3", message)
+        self.assertNotIn("rank 0", message.splitlines()[0])
+
+    def test_sigsegv_on_non_first_rank(self) -> None:
+        message = self.failure_of(fault_cases.Failing, "test_sigsegv_on_rank_1")
+        self.assertIn("rank 1 died by signal SIGSEGV", message)
+        self.assertIn("[rank 1] Fatal Python error: Segmentation fault", message)
+
+    def test_sigkill_on_non_first_rank(self) -> None:
+        message = self.failure_of(fault_cases.Failing, "test_sigkill_on_rank_1")
+        self.assertIn("rank 1 died by signal SIGKILL", message)
+
+    def test_fail_fast_stops_other_ranks(self) -> None:
+        # Rank 1 would sleep 600 s (timeout 60 s): it must be stopped once rank 0 failed.
+        message = self.failure_of(fault_cases.Failing, "test_fail_fast")
+        self.assertIn("AssertionError: rank 0 raised", message)
+        self.assertIn("ValueError: rank 0 gives up early", message)
+        self.assertIn("rank 1 was still running and was stopped", message)
+        self.assertIn("in sleep_a_long_time", message)
+        self.assertNotIn("timed out", message)
+
+    def test_timeout_shows_every_stack(self) -> None:
+        message = self.failure_of(fault_cases.Hanging, "test_hang")
+        head = "AssertionError: timed out after 3 s with rank 0, rank 1 still running"
+        self.assertIn(head, message)
+        for rank in (0, 1):
+            stack = message.split(f"--- stack of rank {rank} ---", 1)[1]
+            self.assertIn("in hang_forever", stack.split("---", 1)[0])
+
+    def test_captured_output_prefixed_by_rank(self) -> None:
+        message = self.failure_of(fault_cases.Failing, "test_output")
+        for rank in (0, 1):
+            self.assertIn(f"[rank {rank}] stdout line of rank {rank}", message)
+            self.assertIn(f"[rank {rank}] fd 2 line of rank {rank}", message)
+
+    def test_output_streamed_live_when_asked(self) -> None:
+        shown = io.StringIO()
+        with contextlib.redirect_stdout(shown):
+            _, result = self.run_case(
+                fault_cases.Passing, "test_prints", env={"HARNESS_SHOW_OUTPUT": "1"}
+            )
+        self.assertTrue(result.wasSuccessful())
+        for rank in (0, 1):
+            self.assertIn(f"[rank {rank}] hello from rank {rank}\n", shown.getvalue())
+
+    def test_expected_failure(self) -> None:
+        _, result = self.run_case(fault_cases.Failing, "test_expected_failure")
+        self.assertEqual(result.failures, [])
+        self.assertEqual(len(result.expectedFailures), 1)
+        self.assertIn("ValueError: known bug on rank 1", result.expectedFailures[0][1])
+
+
+class TestSkips(FaultTestBase):
+    def skip_reason(self, name: str) -> str:
+        _, result = self.run_case(fault_cases.Skipping, name)
+        self.assertEqual(result.failures, [])
+        self.assertEqual(len(result.skipped), 1)
+        return result.skipped[0][1]
+
+    def test_skip_on_one_rank(self) -> None:
+        self.assertEqual(self.skip_reason("test_skip_on_rank_1"), "rank 1 cannot run this")
+
+    def test_skip_on_all_ranks(self) -> None:
+        self.assertEqual(self.skip_reason("test_skip_on_all_ranks"), "no rank can run this")
+
+    def test_skip_by_sys_exit_with_skip_code(self) -> None:
+        reason = self.skip_reason("test_skip_by_sys_exit")
+        self.assertEqual(reason, TEST_SKIPS["multi-gpu-2"].message)
+
+    def test_skip_by_exit_code(self) -> None:
+        reason = self.skip_reason("test_skip_by_exit_code")
+        self.assertEqual(reason, TEST_SKIPS["small_worldsize"].message)
+
+    def test_skip_decorator_starts_no_process(self) -> None:
+        case, result = self.run_case(fault_cases.Skipping, "test_needs_many_gpus")
+        self.assertEqual(len(result.skipped), 1)
+        self.assertIn("Need at least 64 CUDA devices", result.skipped[0][1])
+        self.assertEqual(case.processes, [])
+        self.assertFalse(os.path.exists(os.path.join(self.fault_dir, "started")))
+
+
+class TestGrid(FaultTestBase):
+    def test_failing_points_reported_each_and_the_rest_still_run(self) -> None:
+        case, result = self.run_case(fault_cases.Grid, "test_grid")
+        self.assertFalse(result.wasSuccessful())
+        reported = {str(sub.params["x"]): err for sub, err in result.subtests}
+        self.assertEqual(sorted(reported), ["0", "1", "2", "3"])
+        self.assertIsNone(reported["0"])
+        self.assertIsNone(reported["3"])
+        failures = {str(test): text for test, text in result.failures}
+        point1 = next(text for name, text in failures.items() if "(x=1)" in name)
+        point2 = next(text for name, text in failures.items() if "(x=2)" in name)
+        self.assertIn("rank 1 failed this grid point", point1)
+        self.assertIn("AssertionError: point 1 fails on rank 1", point1)
+        self.assertNotIn("rank 0 failed", point1)
+        for rank in (0, 1):
+            self.assertIn(f"AssertionError: point 2 fails on rank {rank}", point2)
+            self.assertEqual(self.noted(f"point3.{rank}"), "ran")
+        self.assertEqual(len(result.failures), 2)
+        self.assertEqual(case._grid_points_run, 4)
+
+    def test_ranks_out_of_step_end_the_grid(self) -> None:
+        case, result = self.run_case(fault_cases.Grid, "test_grid_out_of_step")
+        texts = "\n".join(text for _, text in result.failures)
+        self.assertIn("AssertionError: rank 0 fails point 1 before its collective", texts)
+        self.assertIn("ranks could not stay in step after grid point (x=1)", texts)
+        self.assertNotIn("timed out", texts)
+        self.assertNotIn(2, [sub.params["x"] for sub, _ in result.subtests])
+
+
+class TestIsolation(FaultTestBase):
+    def test_rank_environment_and_private_files(self) -> None:
+        case, result = self.run_case(fault_cases.Passing, "test_rank_environment")
+        self.assertTrue(result.wasSuccessful(), result.failures)
+        work_dir = os.path.dirname(case.file_name)
+        for rank in (0, 1):
+            rank_temp = self.noted(f"tempdir.{rank}")
+            self.assertTrue(rank_temp.startswith(work_dir + os.sep), rank_temp)
+            self.assertFalse(os.path.exists(rank_temp))
+        self.assertFalse(os.path.exists(work_dir))
+
+    def test_no_leftover_files_after_a_crash(self) -> None:
+        case, _ = self.run_case(fault_cases.Failing, "test_sigkill_on_rank_1")
+        self.assertFalse(os.path.exists(os.path.dirname(case.file_name)))
+        self.assertTrue(all(not _alive(r.pid) for r in case.rank_records))
+
+    def test_bad_world_size_is_a_one_line_error(self) -> None:
+        case = fault_cases.BadWorldSize("test_nothing")
+        with self.assertRaises(HarnessConfigError) as caught:
+            case._spawn_processes()
+        self.assertEqual(
+            str(caught.exception), "BadWorldSize.world_size must be a positive int, got 0"
+        )
+
+    def _run_parent_then(self, kill_signal: int) -> None:
+        code = (
+            "import unittest; from tests import fault_cases as f; "
+            "unittest.TextTestRunner().run(f.Orphans('test_sleep_forever'))"
+        )
+        log = open(os.path.join(self.fault_dir, "parent.log"), "w")
+        self.addCleanup(log.close)
+        parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=log, stderr=log)
+        self.addCleanup(lambda: parent.poll() is None and parent.kill())
+        pid_files = [os.path.join(self.fault_dir, f"pid.{rank}") for rank in (0, 1)]
+        started = lambda: all(os.path.exists(p) and os.path.getsize(p) for p in pid_files)  # noqa: E731
+        self.assertTrue(_wait_until(started, 120), "the ranks never started")
+        pids = {int(n) for p in pid_files for n in open(p).read().split()}  # ranks + forkserver
+        pids.discard(parent.pid)
+        parent.send_signal(kill_signal)
+        parent.wait(60)
+        self.assertTrue(
+            _wait_until(lambda: not any(_alive(pid) for pid in pids), 30),
+            f"processes left alive: {[pid for pid in pids if _alive(pid)]}",
+        )
+
+    def test_interrupted_parent_leaves_no_orphans(self) -> None:
+        self._run_parent_then(signal.SIGINT)
+
+    def test_killed_parent_leaves_no_orphans(self) -> None:
+        self._run_parent_then(signal.SIGKILL)
+
+
+class TestStartAndModes(FaultTestBase):
+    def test_spawn_start_method(self) -> None:
+        _, result = self.run_case(
+            fault_cases.Passing, "test_all_reduce", env={"HARNESS_START_METHOD": "spawn"}
+        )
+        self.assertTrue(result.wasSuccessful(), result.failures)
+
+    def test_torchrun_mode_runs_in_process(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        fault_cases.InProcess.pids.clear()
+        with mock.patch.dict(os.environ, env):
+            case = fault_cases.InProcess("test_records_pid")
+            result = RecordingResult()
+            case.run(result)
+        self.assertTrue(result.wasSuccessful(), result.failures)
+        init_method = torchrun.init_method()
+        self.assertEqual(fault_cases.InProcess.pids, [(os.getpid(), 0, 1, init_method)])
+        self.assertEqual(case.processes, [])
+
+
+if __name__ == "__main__":
+    unittest.main()
