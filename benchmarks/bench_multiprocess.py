@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -34,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness.multiprocess import MultiProcessTestCase  # noqa: E402
 
 MEMORY_DIR_ENV = "BENCH_MEMORY_DIR"
+logging.getLogger("torch.testing._internal.common_distributed").setLevel(logging.WARNING)
 
 
 def rank_memory_kib() -> Dict[str, int]:
@@ -105,43 +108,50 @@ def summary(name: str, times: List[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=30, help="harness (forkserver) tests")
+    parser.add_argument("--runs", type=int, default=30, help="harness (forkserver) tests, >= 1")
     parser.add_argument("--upstream-runs", type=int, default=5, help="upstream tests")
     parser.add_argument("--spawn-runs", type=int, default=3, help="harness tests with spawn")
     args = parser.parse_args()
+    if args.runs < 1 or args.upstream_runs < 0 or args.spawn_runs < 0:
+        parser.error("--runs must be at least 1, the other counts at least 0")
 
     memory_dir = tempfile.mkdtemp(prefix="bench-memory-")
-    os.environ[MEMORY_DIR_ENV] = memory_dir
-    first = time_one(lambda: HarnessTrivial("test_trivial"))  # starts the forkserver
-    harness: List[float] = []
-    upstream: List[float] = []
-    for i in range(max(args.runs, args.upstream_runs)):
-        if i < args.upstream_runs:
-            upstream.append(time_one(lambda: UpstreamTrivial("test_trivial")))
-        if i < args.runs:
-            harness.append(time_one(lambda: HarnessTrivial("test_trivial")))
-    spawn: List[float] = []
-    with mock.patch.dict(os.environ, {"HARNESS_START_METHOD": "spawn", "BENCH_LABEL": "spawn"}):
-        for _ in range(args.spawn_runs):
-            spawn.append(time_one(lambda: HarnessTrivial("test_trivial")))
+    try:
+        os.environ[MEMORY_DIR_ENV] = memory_dir
+        first = time_one(lambda: HarnessTrivial("test_trivial"))  # starts the forkserver
+        harness: List[float] = []
+        upstream: List[float] = []
+        for i in range(max(args.runs, args.upstream_runs)):
+            if i < args.upstream_runs:
+                upstream.append(time_one(lambda: UpstreamTrivial("test_trivial")))
+            if i < args.runs:
+                harness.append(time_one(lambda: HarnessTrivial("test_trivial")))
+        spawn: List[float] = []
+        with mock.patch.dict(os.environ, {"HARNESS_START_METHOD": "spawn", "BENCH_LABEL": "spawn"}):
+            for _ in range(args.spawn_runs):
+                spawn.append(time_one(lambda: HarnessTrivial("test_trivial")))
 
-    print(f"trivial 2-rank gloo test (init, all_reduce, destroy), {os.cpu_count()} cores")
-    print(f"harness first test, forkserver start included: {first * 1000:.0f} ms")
-    print(summary("harness (forkserver)", harness))
-    print(summary("upstream", upstream))
-    if spawn:
-        print(summary("harness (spawn)", spawn))
-    ratio = statistics.median(upstream) / statistics.median(harness)
-    print(f"ratio of medians upstream / harness: {ratio:.1f}x")
-    for label in ("harness", "upstream", "spawn"):
-        path = os.path.join(memory_dir, f"{label}.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                mem = json.load(f)
-            print(
-                f"rank memory {label:<9} RSS={mem['rss'] / 1024:6.0f} MiB  "
-                f"PSS={mem['pss'] / 1024:6.0f} MiB  private={mem['private'] / 1024:6.0f} MiB"
-            )
+        print(f"trivial 2-rank gloo test (init, all_reduce, destroy), {os.cpu_count()} cores")
+        print(f"harness first test, forkserver start included: {first * 1000:.0f} ms")
+        print(summary("harness (forkserver)", harness))
+        if upstream:
+            print(summary("upstream", upstream))
+        if spawn:
+            print(summary("harness (spawn)", spawn))
+        if upstream:
+            ratio = statistics.median(upstream) / statistics.median(harness)
+            print(f"ratio of medians upstream / harness: {ratio:.1f}x")
+        for label in ("harness", "upstream", "spawn"):
+            path = os.path.join(memory_dir, f"{label}.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    mem = json.load(f)
+                print(
+                    f"rank memory {label:<9} RSS={mem['rss'] / 1024:6.0f} MiB  "
+                    f"PSS={mem['pss'] / 1024:6.0f} MiB  private={mem['private'] / 1024:6.0f} MiB"
+                )
+    finally:
+        shutil.rmtree(memory_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 `FSDPTest` gives each rank process what FSDP tests expect before the body runs: the
 default group initialised through the test's private rendezvous file with the backend
 for this machine (nccl on GPUs, gloo on CPU), the rank's device selected, and a barrier
-so no rank starts early; after the body, a barrier and the group's destruction.
+so no rank starts early; after the body, a barrier (unless this rank failed) and the
+group's destruction.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class FSDPTest(MultiProcessTestCase):
 
     def tearDown(self) -> None:
         if self.rank != MAIN_PROCESS_RANK and dist.is_initialized():
-            dist.barrier()
+            if not self._rank_failed():  # a failed rank's peers may be stuck elsewhere
+                dist.barrier()
             dist.destroy_process_group()
         super().tearDown()
 

@@ -110,7 +110,11 @@ def check_sharded_parity(
         for prefix in prefixes_to_ignore:
             clean_name = clean_name.replace(prefix, "")
         cls.assertEqual(clean_name, sharded_name)
-        cls.assertIsInstance(sharded_param, DTensor, msg=f"{sharded_name} is not a DTensor")
+        if not isinstance(sharded_param, DTensor):
+            raise AssertionError(
+                f"check_sharded_parity: {sharded_name} is a {type(sharded_param).__name__}, "
+                "not a DTensor (is the module sharded, and resharded?)"
+            )
         expected = _expected_local_shard(param.detach(), sharded_param)
         cls.assertEqual(sharded_param.to_local().detach(), expected, msg=sharded_name)
         if param.grad is None:

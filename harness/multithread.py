@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import datetime
-import functools
 import sys
 import threading
 import time
@@ -30,7 +29,7 @@ from harness import compat, devices, threaded_pg
 from harness.outcome import Event, RankRecord, SubtestVerdict, decide
 from harness.rank import ForwardingResult, format_error
 from harness.skips import check_requirements
-from harness.testcase import TestCase
+from harness.testcase import TestCase, route_test_method
 
 MAIN_THREAD_RANK = -1
 FAIL_FAST_GRACE_S = 10.0  # after a rank fails, how long the others get to notice and finish
@@ -161,9 +160,7 @@ class MultiThreadedTestCase(TestCase):
         self._threads: Optional[_RankThreads] = None
         self._world: Optional[threaded_pg.ThreadedWorld] = None
         self._grid_index = 0
-        method = getattr(self, methodName, None)
-        if method is not None:
-            setattr(self, methodName, self._join_or_run(method))
+        route_test_method(self, lambda: self._thread_rank == MAIN_THREAD_RANK, self._join_threads)
 
     @property
     def rank(self) -> int:
@@ -183,14 +180,6 @@ class MultiThreadedTestCase(TestCase):
             # thread would race with ranks already drawing numbers. Skip TestCase's seeding.
             super(TestCase, self).setUp()
 
-    def _join_or_run(self, method: Callable) -> Callable:
-        @functools.wraps(method)
-        def join_or_run(*args: Any, **kwargs: Any) -> Any:
-            if self._thread_rank == MAIN_THREAD_RANK:
-                return self._join_threads()
-            return method(*args, **kwargs)
-
-        return join_or_run
 
     # --- supervisor ---------------------------------------------------------------------
     def _spawn_threads(self) -> None:

@@ -14,6 +14,7 @@ import faulthandler
 import gc
 import importlib
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -44,6 +45,7 @@ class RankSpec:
     rank: int
     world_size: int
     file_name: str
+    work_dir: str  # the test's private dir (rendezvous file, outputs, temp)
     output_path: str
     temp_dir: str
     threads: int
@@ -53,9 +55,9 @@ class RankSpec:
 def main(spec: RankSpec, channel: Connection) -> None:
     """Entry point of a rank process: run the test once and exit without interpreter teardown."""
     # Keep the garbage collector out of the objects inherited from the forkserver: a full
-    # collection touches every one of them, copying the whole preloaded heap into the rank.
+    # collection would walk every one of them and so copy much of the preloaded heap.
     gc.freeze()
-    _die_with_parent()
+    _die_with_parent(spec.work_dir)
     _capture_output(spec.output_path)
     _prepare_process(spec)
     result = ForwardingResult(channel)
@@ -64,6 +66,7 @@ def main(spec: RankSpec, channel: Connection) -> None:
     except Exception:
         channel.send(Event("failure", format_error(sys.exc_info())))
     else:
+        case._rank_result = result
         case.run(result)
         result.grid_points = getattr(case, "_grid_points_run", 0)
     channel.send(Event("done", count=result.grid_points))
@@ -75,33 +78,35 @@ def main(spec: RankSpec, channel: Connection) -> None:
     os._exit(0)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(work_dir: str) -> None:
     """Make sure this rank cannot outlive the test process, however that process ends.
 
     PR_SET_PDEATHSIG covers the spawn start method, where the test process is our parent.
     With the forkserver our parent is the forkserver, which outlives a killed test process
     while ranks hold it open, so a thread also watches the sentinel multiprocessing keeps
-    for the process that started us (the test process) and kills us when it closes.
+    for the process that started us (the test process); when it closes, the thread removes
+    the test's private dir (the dead parent cannot) and kills this rank.
     """
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     starter = parent_process()
     if starter is not None:
         threading.Thread(
-            target=_kill_self_when_ready, args=(starter.sentinel,), name="harness-lifeline",
-            daemon=True,
+            target=_clean_up_when_orphaned, args=(starter.sentinel, work_dir),
+            name="harness-lifeline", daemon=True,
         ).start()
 
 
-def _kill_self_when_ready(sentinel: int) -> None:
+def _clean_up_when_orphaned(sentinel: int, work_dir: str) -> None:
     wait([sentinel])
+    shutil.rmtree(work_dir, ignore_errors=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 def without_lifeline(stack: str) -> str:
     """A faulthandler dump without the lifeline thread's block, which is the same in every rank."""
     blocks = stack.split("\n\n")
-    return "\n\n".join(b for b in blocks if f"in {_kill_self_when_ready.__name__}" not in b)
+    return "\n\n".join(b for b in blocks if f"in {_clean_up_when_orphaned.__name__}" not in b)
 
 
 def _capture_output(path: str) -> None:
@@ -155,6 +160,7 @@ class ForwardingResult(unittest.TestResult):
         super().__init__()
         self._channel = channel
         self.grid_points = 0
+        self.failed = False  # the test itself (not a grid point) failed in this rank
 
     def _send(self, event: Event) -> None:
         self._channel.send(event)
@@ -163,6 +169,7 @@ class ForwardingResult(unittest.TestResult):
         self._send(Event("success"))
 
     def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+        self.failed = True
         self._send(Event("failure", format_error(err)))
 
     def addError(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
@@ -170,7 +177,7 @@ class ForwardingResult(unittest.TestResult):
         if skip is not None:
             self.addSkip(test, skip)
         else:
-            self._send(Event("failure", format_error(err)))
+            self.addFailure(test, err)
 
     def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
         if getattr(test, "test_case", None) is not None:  # a skipped grid point (subTest)
@@ -190,6 +197,7 @@ class ForwardingResult(unittest.TestResult):
             self._send(Event("subtest", format_error(err), params, "fail"))
 
     def addExpectedFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+        self.failed = True
         self._send(Event("expected_failure", format_error(err)))
 
     def addUnexpectedSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802

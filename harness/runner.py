@@ -153,9 +153,11 @@ class Collector(unittest.TestResult):
         return super()._exc_info_to_string(err, test)
 
     def _outside(self, test: Any, status: str, message: str, detail: str, exc: str) -> None:
-        """A class/module fixture error or skip: reported as a record of its own."""
-        record = RunRecord(str(test), self.suite, status, message, detail, exc)
-        self._on_record(test, record)
+        """A class/module fixture error or skip: reported as a record of its own, with an id
+        like a test's (`setUpClass (mod.Class)` becomes `mod.Class.setUpClass`)."""
+        hook, _, owner = str(test).partition(" (")
+        test_id = f"{owner.rstrip(')')}.{hook}" if owner else str(test)
+        self._on_record(test, RunRecord(test_id, self.suite, status, message, detail, exc))
 
     def _error(self, test: Any, status: str, err: Any) -> None:
         text = self._exc_info_to_string(err, test)
@@ -256,6 +258,8 @@ def junit_result_class() -> type:
         def add_record(self, test: Any, record: RunRecord) -> None:
             """Report a record built elsewhere (by the engine, or merged from ranks)."""
             self.startTest(test)
+            if getattr(test, "stand_in", False):  # no source line of its own
+                self.lineno = self.doc = None
             self.start_time = time.time() - record.duration
             if record.status == "passed":
                 self.addSuccess(test)
@@ -280,9 +284,12 @@ def xml_runner(output: str, **kwargs: Any) -> Any:
 
 
 def _stand_in(record: RunRecord) -> unittest.TestCase:
-    """A TestCase carrying only an id, for results that belong to no test method."""
+    """A TestCase carrying only an id, for results that belong to no test method (class and
+    module fixtures); named after the class it stands for, so the XML groups it there."""
 
     class Fixture(unittest.TestCase):
+        stand_in = True
+
         def runTest(self) -> None:  # noqa: N802
             """Never run: the instance only names a fixture result in the XML report."""
 
@@ -292,7 +299,10 @@ def _stand_in(record: RunRecord) -> unittest.TestCase:
         def __str__(self) -> str:
             return record.test_id
 
-    Fixture.__module__ = record.suite
+    owner = record.test_id.rpartition(".")[0]
+    module, _, name = owner.rpartition(".")
+    Fixture.__module__ = module or record.suite
+    Fixture.__name__ = Fixture.__qualname__ = name or "Fixture"
     return Fixture()
 
 
@@ -335,13 +345,21 @@ class Progress:
             line += f" running {self.current} ({_clock(now - self._current_since)})"
         return line
 
+    def _live_status(self) -> str:
+        """The status cut to the terminal's width, so that \r can redraw it in place."""
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError):
+            columns = 0
+        return self._status()[: columns - 1 if columns > 20 else 200]
+
     def _print(self, line: str) -> None:
         with self._lock:
             if self.live:
                 self.stream.write("\r\x1b[K")
             self.stream.write(line + "\n")
             if self.live:
-                self.stream.write(self._status()[:200])
+                self.stream.write(self._live_status())
             self.stream.flush()
             self._last_line = time.monotonic()
 
@@ -349,7 +367,7 @@ class Progress:
         while not self._stop.wait(0.5 if self.live else min(self.interval, 1.0) or 0.05):
             if self.live:
                 with self._lock:
-                    self.stream.write("\r\x1b[K" + self._status()[:200])
+                    self.stream.write("\r\x1b[K" + self._live_status())
                     self.stream.flush()
             elif time.monotonic() - self._last_line >= self.interval:
                 self._print(self._status())
@@ -548,6 +566,20 @@ class Options:
     progress_stream: TextIO = field(default_factory=lambda: sys.stderr)
 
 
+def progress_interval() -> float:
+    """Seconds between plain progress lines: HARNESS_PROGRESS_INTERVAL, else 30."""
+    value = os.environ.get(PROGRESS_INTERVAL_ENV, "")
+    try:
+        interval = float(value) if value else DEFAULT_PROGRESS_INTERVAL_S
+    except ValueError:
+        interval = -1.0
+    if interval < 0:
+        raise devices.HarnessConfigError(
+            f"{PROGRESS_INTERVAL_ENV}={value!r} is not a number of seconds >= 0"
+        )
+    return interval
+
+
 def _test_timeout(test: Any) -> float:
     timeout = getattr(test, "timeout", None)
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
@@ -574,9 +606,8 @@ class Engine:
             self.exchange = RankExchange()
         self.reporting = self.exchange is None or self.exchange.rank == 0
         total = sum(len(tests) for _, tests in plan)
-        interval = float(os.environ.get(PROGRESS_INTERVAL_ENV) or DEFAULT_PROGRESS_INTERVAL_S)
         verbosity = options.verbosity if self.reporting else 0
-        self.progress = Progress(total, options.progress_stream, verbosity, interval)
+        self.progress = Progress(total, options.progress_stream, verbosity, progress_interval())
         self.collector = Collector(self._started, self._recorded)
         self.junit: Any = None
         if options.xml_dir is not None and self.reporting:
@@ -774,6 +805,7 @@ def _apply_env(args: argparse.Namespace) -> None:
         devices.default_timeout()
         devices.start_method()
         devices.torchrun_env()
+        progress_interval()
     except devices.HarnessConfigError as error:
         raise UsageError(str(error)) from None
 

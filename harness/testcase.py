@@ -6,9 +6,12 @@ compare tensors the same way a plain unit test does.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
+import types
+import unittest
 from collections.abc import Mapping
 from numbers import Number
 from typing import Any, Callable, Dict, Optional, Sequence
@@ -132,6 +135,26 @@ def mismatch(
 
 def _is_sequence(value: Any) -> bool:
     return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def route_test_method(
+    case: unittest.TestCase, is_supervisor: Callable[[], bool], join: Callable[[], Any]
+) -> None:
+    """Make the case's test method join the ranks in the supervisor and run the body in a rank.
+
+    The replacement is bound with MethodType: unittest's loader treats a plain function found
+    on an instance as a static method and calls it without `self`.
+    """
+    name = case._testMethodName
+    method = getattr(case, name, None)
+    if method is None:
+        return
+
+    @functools.wraps(method)
+    def join_or_run(_case: unittest.TestCase, *args: Any, **kwargs: Any) -> Any:
+        return join() if is_supervisor() else method(*args, **kwargs)
+
+    setattr(case, name, types.MethodType(join_or_run, case))
 
 
 class TestCase(expecttest.TestCase):

@@ -320,31 +320,30 @@ class TestFSDPMiscMultiProcess(FSDPTest):
             ShardingStrategy.SHARD_GRAD_OP,
             *hybrid,
         ]:
-            with self.subTest(sharding_strategy=ss):
-                torch.manual_seed(42)
-                model = MyModel()
-                ref_model = DDP(deepcopy(model), process_group=gloo_pg)
-                model = FSDP(
-                    model,
-                    auto_wrap_policy=always_wrap_policy,
-                    process_group=(gloo_pg, singleton_pgs[self.rank]) if ss in hybrid else gloo_pg,
-                    sharding_strategy=ss,
-                    device_id=torch.device("cpu"),
-                )
-                self.assertEqual(ss, model.sharding_strategy)
-                ref_optim = torch.optim.Adam(ref_model.parameters(), lr=1e-2)
-                optim = torch.optim.Adam(model.parameters(), lr=1e-2)
-                torch.manual_seed(42 + self.rank)
-                inp = torch.randn(2, 2)
-                for _ in range(10):
-                    losses = []
-                    for _model, _optim in ((ref_model, ref_optim), (model, optim)):
-                        loss = _model(inp, inp).sum()
-                        losses.append(loss)
-                        loss.backward()
-                        _optim.step()
-                        _optim.zero_grad()
-                    self.assertEqual(losses[0], losses[1])
+            torch.manual_seed(42)
+            model = MyModel()
+            ref_model = DDP(deepcopy(model), process_group=gloo_pg)
+            model = FSDP(
+                model,
+                auto_wrap_policy=always_wrap_policy,
+                process_group=(gloo_pg, singleton_pgs[self.rank]) if ss in hybrid else gloo_pg,
+                sharding_strategy=ss,
+                device_id=torch.device("cpu"),
+            )
+            self.assertEqual(ss, model.sharding_strategy)
+            ref_optim = torch.optim.Adam(ref_model.parameters(), lr=1e-2)
+            optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+            torch.manual_seed(42 + self.rank)
+            inp = torch.randn(2, 2)
+            for _ in range(10):
+                losses = []
+                for _model, _optim in ((ref_model, ref_optim), (model, optim)):
+                    loss = _model(inp, inp).sum()
+                    losses.append(loss)
+                    loss.backward()
+                    _optim.step()
+                    _optim.zero_grad()
+                self.assertEqual(losses[0], losses[1], f"{ss}: FSDP loss differs from DDP")
 
     @skip_if_lt_x_gpu(2)
     def test_fsdp_cpu_init_stays_on_cpu(self):

@@ -164,6 +164,7 @@ class Grid(_TwoRanks):
 
 class Orphans(_TwoRanks):
     def test_sleep_forever(self) -> None:
+        note(f"dir.{self.rank}", os.path.dirname(self.file_name))
         note(f"pid.{self.rank}", f"{os.getpid()} {os.getppid()}")
         hang_forever()
 

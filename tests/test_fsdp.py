@@ -10,6 +10,8 @@ import torch.distributed as dist
 from harness import devices
 from harness.fsdp import FSDPTest
 from harness.multiprocess import MAIN_PROCESS_RANK
+from harness.parametrize import instantiate_parametrized_tests, parametrize
+from harness.skips import skip_if_lt_x_gpu
 
 
 class TestFSDPTestBase(FSDPTest):
@@ -35,6 +37,22 @@ class TestFSDPTestBase(FSDPTest):
         super().tearDown()
         if self.rank != MAIN_PROCESS_RANK:
             self.assertFalse(dist.is_initialized(), "the group outlived the test")
+
+
+@instantiate_parametrized_tests
+class TestFSDPTestParametrized(FSDPTest):
+    """The suites' pattern: device-generic skip decorator over generated tests."""
+
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    @skip_if_lt_x_gpu(2, allow_cpu=True)
+    @parametrize("scale", [1.0, 2.0])
+    def test_generated(self, scale: float) -> None:
+        value = torch.full((1,), scale, device=self.device)
+        dist.all_reduce(value)
+        self.assertEqual(value.item(), 2 * scale)
 
 
 class TestFSDPTestOverrides(FSDPTest):

@@ -187,7 +187,7 @@ class TestModelsWithFSDP(TestCase):
         self.assertTrue(torch.isfinite(loss))
 
     def test_nested_wrapped_module_recursive(self) -> None:
-        group = dist.distributed_c10d.GroupMember.WORLD
+        group = dist.group.WORLD
         for mode in DEVICEInitMode:
             with self.subTest(mode=mode.name), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # world size 1 -> NO_SHARD warning
@@ -201,7 +201,7 @@ class TestModelsWithFSDP(TestCase):
                 self._train_step(model)
 
     def test_transformer_recursive(self) -> None:
-        group = dist.distributed_c10d.GroupMember.WORLD
+        group = dist.group.WORLD
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = TransformerWithSharedParams.init(
@@ -213,7 +213,7 @@ class TestModelsWithFSDP(TestCase):
         self._train_step(model)
 
     def test_custom_policy_is_used_and_kwargs_not_mutated(self) -> None:
-        group = dist.distributed_c10d.GroupMember.WORLD
+        group = dist.group.WORLD
         kwargs = {**self._fsdp_kwargs(), "auto_wrap_policy": None}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -190,7 +190,7 @@ class TestSkips(FaultTestBase):
         case, result = self.run_case(fault_cases.Skipping, "test_needs_many_gpus")
         self.assertEqual(len(result.skipped), 1)
         self.assertIn("Need at least 64 CUDA devices", result.skipped[0][1])
-        self.assertEqual(case.processes, [])
+        self.assertEqual((case.processes, case.rank_records, case.file_name), ([], [], None))
         self.assertFalse(os.path.exists(os.path.join(self.fault_dir, "started")))
 
 
@@ -247,6 +247,13 @@ class TestIsolation(FaultTestBase):
             str(caught.exception), "BadWorldSize.world_size must be a positive int, got 0"
         )
 
+    def test_class_defined_in_a_function_is_a_one_line_error(self) -> None:
+        class Local(fault_cases.Passing):
+            pass
+
+        with self.assertRaisesRegex(HarnessConfigError, "Local is defined inside a function"):
+            Local("test_prints")._spawn_processes()
+
     def _run_parent_then(self, kill_signal: int) -> None:
         code = (
             "import unittest; from tests import fault_cases as f; "
@@ -261,12 +268,15 @@ class TestIsolation(FaultTestBase):
         self.assertTrue(_wait_until(started, 120), "the ranks never started")
         pids = {int(n) for p in pid_files for n in open(p).read().split()}  # ranks + forkserver
         pids.discard(parent.pid)
+        work_dir = self.noted("dir.0")
+        self.assertTrue(os.path.isdir(work_dir))
         parent.send_signal(kill_signal)
         parent.wait(60)
         self.assertTrue(
             _wait_until(lambda: not any(_alive(pid) for pid in pids), 30),
             f"processes left alive: {[pid for pid in pids if _alive(pid)]}",
         )
+        self.assertTrue(_wait_until(lambda: not os.path.exists(work_dir), 10), work_dir)
 
     def test_interrupted_parent_leaves_no_orphans(self) -> None:
         self._run_parent_then(signal.SIGINT)
@@ -275,7 +285,41 @@ class TestIsolation(FaultTestBase):
         self._run_parent_then(signal.SIGKILL)
 
 
+SCRIPT_SUITE = """
+import os
+import unittest
+
+from harness.multiprocess import MultiProcessTestCase
+
+IMPORTED_BY = os.getpid()
+
+
+class Script(MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return 2
+
+    def test_script_was_imported_by_the_forkserver(self):
+        self.assertEqual(IMPORTED_BY, os.getppid(), "the rank imported the script itself")
+
+
+if __name__ == "__main__":
+    unittest.main()
+"""
+
+
 class TestStartAndModes(FaultTestBase):
+    def test_script_run_as_main_is_preloaded_in_the_forkserver(self) -> None:
+        script = os.path.join(self.fault_dir, "script_suite.py")
+        with open(script, "w") as f:
+            f.write(SCRIPT_SUITE)
+        env = {**os.environ, "PYTHONPATH": ROOT}
+        done = subprocess.run(
+            [sys.executable, script], env=env, capture_output=True, text=True, timeout=300
+        )
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("Ran 1 test", done.stderr)
+
     def test_spawn_start_method(self) -> None:
         _, result = self.run_case(
             fault_cases.Passing, "test_all_reduce", env={"HARNESS_START_METHOD": "spawn"}

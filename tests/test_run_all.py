@@ -275,11 +275,13 @@ class TestBadInput(unittest.TestCase):
                 self.assertTrue(proc.stderr.startswith("run_all.py: error: "), proc.stderr)
                 self.assertEqual(proc.stdout, "")
 
-    def test_bad_env_knob_is_bad_input_too(self) -> None:
-        proc = run_all(PASS, env={"HARNESS_WORLD_SIZE": "lots"})
-        self.assertEqual(proc.returncode, 2)
-        self.assertEqual(len(proc.stderr.splitlines()), 1, proc.stderr)
-        self.assertIn("run_all.py: error: HARNESS_WORLD_SIZE='lots'", proc.stderr)
+    def test_bad_env_knobs_are_bad_input_too(self) -> None:
+        for name, value in (("HARNESS_WORLD_SIZE", "lots"), ("HARNESS_PROGRESS_INTERVAL", "x")):
+            with self.subTest(name):
+                proc = run_all(PASS, env={name: value})
+                self.assertEqual(proc.returncode, 2)
+                self.assertEqual(len(proc.stderr.splitlines()), 1, proc.stderr)
+                self.assertIn(f"run_all.py: error: {name}='{value}'", proc.stderr)
 
 
 if __name__ == "__main__":

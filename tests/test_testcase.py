@@ -1,13 +1,14 @@
 """harness.testcase: tensor-aware equality, seeding, run_subtests as a method."""
 
 import random
+import types
 import unittest
 from unittest import mock
 
 import torch
 
 from harness import TestCase
-from harness.testcase import SEED_ENV, current_seed
+from harness.testcase import SEED_ENV, current_seed, route_test_method
 
 
 class AssertEqualTest(TestCase):
@@ -127,6 +128,29 @@ class RunSubtestsMethodTest(unittest.TestCase):
         Case("test_grid").run(result)
         self.assertTrue(result.wasSuccessful())
         self.assertEqual(seen, [(1, 0), (2, 0)])
+
+
+class RouteTestMethodTest(unittest.TestCase):
+    def test_loader_by_name_sees_a_method_and_the_supervisor_joins(self):
+        calls = []
+
+        class Case(TestCase):
+            supervisor = True
+
+            def __init__(self, method_name="runTest"):
+                super().__init__(method_name)
+                route_test_method(self, lambda: self.supervisor, lambda: calls.append("join"))
+
+            def test_x(self):
+                calls.append("body")
+
+        module = types.ModuleType("fake_suite")
+        module.Case = Case
+        suite = unittest.defaultTestLoader.loadTestsFromName("Case.test_x", module)
+        suite.run(unittest.TestResult())
+        Case.supervisor = False
+        Case("test_x").run(unittest.TestResult())
+        self.assertEqual(calls, ["join", "body"])
 
 
 if __name__ == "__main__":

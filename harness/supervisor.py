@@ -1,0 +1,218 @@
+"""Supervising the rank processes of one test from the parent: start, wait, stop, clean up.
+
+`RankGroup` owns everything a test's ranks leave behind: their processes, the pipes they
+report on, and the test's private dir (rendezvous file, each rank's captured output, temp
+files). It collects what the ranks report until they have all exited, stops the others a
+few seconds after one failed or skipped (fail fast), and at the timeout; before stopping a
+rank it has the rank dump its Python stack into its output, so the report can show where
+it was. Deciding the outcome is harness/outcome.py's job.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, Dict, List, Set
+
+from harness.outcome import RankRecord
+from harness.rank import STACK_SIGNAL, RankSpec, without_lifeline
+from harness.rank import main as rank_main
+
+SHOW_OUTPUT_ENV = "HARNESS_SHOW_OUTPUT"
+FAIL_FAST_GRACE_S = 3.0  # once a rank failed, how long the others may still report
+STACK_DUMP_WAIT_S = 1.0  # how long a rank gets to write its stack before it is killed
+STREAM_INTERVAL_S = 0.1
+
+
+def _show_output() -> bool:
+    return os.environ.get(SHOW_OUTPUT_ENV, "").lower() in ("1", "true", "yes")
+
+
+class RankGroup:
+    """The rank processes of one test, from start to cleanup, and what they reported."""
+
+    def __init__(self, world_size: int) -> None:
+        self.work_dir = tempfile.mkdtemp(prefix="harness-")  # mode 0700: private to this user
+        self.file_name = os.path.join(self.work_dir, "rendezvous")
+        os.close(os.open(self.file_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        self.temp_dir = os.path.join(self.work_dir, "tmp")
+        os.mkdir(self.temp_dir, 0o700)
+        self.records = [RankRecord(rank) for rank in range(world_size)]
+        self.processes: List[Any] = []
+        self._readers: Dict[int, Connection] = {}
+        self._alive: Set[int] = set()  # ranks whose exit the supervisor has not seen yet
+        self._stack_from: Dict[int, int] = {}  # rank -> output offset where its stack dump starts
+        self._streamed = [0] * world_size
+        self._closed = False
+
+    def output_path(self, rank: int) -> str:
+        return os.path.join(self.work_dir, f"rank{rank}.out")
+
+    def start(self, context: Any, spec_of: Callable[[int], RankSpec]) -> None:
+        for record in self.records:
+            reader, writer = context.Pipe(duplex=False)
+            process = context.Process(
+                target=rank_main, args=(spec_of(record.rank), writer), name=f"rank{record.rank}"
+            )
+            self._readers[record.rank] = reader
+            try:
+                process.start()
+            finally:
+                writer.close()  # the rank holds the only write end: EOF once it exits
+            self.processes.append(process)
+            record.pid = process.pid
+            self._alive.add(record.rank)
+
+    def supervise(self, timeout: float) -> bool:
+        """Collect reports until every rank exited; True if the timeout stopped them."""
+        started = time.monotonic()
+        deadline, stop_at = started + timeout, float("inf")
+        stream = _show_output()
+        while self._alive or self._readers:
+            now = time.monotonic()
+            if now >= min(deadline, stop_at):
+                break
+            wait_s = min(deadline, stop_at) - now
+            if stream:
+                wait_s = min(wait_s, STREAM_INTERVAL_S)
+            readers = list(self._readers.values())
+            sentinels = {self.processes[rank].sentinel: rank for rank in self._alive}
+            ready = wait(readers + list(sentinels), wait_s)
+            for item in ready:
+                if item in sentinels:
+                    self._exited(sentinels[item])
+                else:
+                    self._receive(next(r for r, c in self._readers.items() if c is item))
+            if stream:
+                self._stream()
+            if stop_at == float("inf") and self._any_rank_ended_test():
+                stop_at = time.monotonic() + FAIL_FAST_GRACE_S
+        still_running = sorted(self._alive)
+        self._stop(still_running)
+        for rank in list(self._readers):  # what the stopped ranks sent before they were stopped
+            self._receive(rank, block=False)
+        self._collect_output()
+        if stream:
+            self._stream()
+        return bool(still_running) and stop_at == float("inf")
+
+    def _receive(self, rank: int, block: bool = True) -> None:
+        reader = self._readers[rank]
+        try:
+            while block or reader.poll(0):
+                event = reader.recv()
+                self.records[rank].events.append(event)
+                if event.kind in ("failure", "expected_failure"):
+                    self._note_problem(rank)
+                block = False
+        except (EOFError, OSError):
+            reader.close()
+            del self._readers[rank]
+
+    def _exited(self, rank: int) -> None:
+        process = self.processes[rank]
+        process.join(0)
+        self._alive.discard(rank)
+        record = self.records[rank]
+        record.exitcode = process.exitcode
+        if rank in self._readers:  # everything it wrote is in the pipe by now
+            self._receive(rank, block=False)
+            if rank in self._readers and not self._readers[rank].poll(0):
+                self._readers.pop(rank).close()
+        if record.failed:
+            self._note_problem(rank)
+
+    def _note_problem(self, rank: int) -> None:
+        record = self.records[rank]
+        record.problem_at = min(record.problem_at, time.monotonic())
+
+    def _any_rank_ended_test(self) -> bool:
+        """A rank failed or skipped the whole test: the others need not run to the end."""
+        return any(r.failed or r.skip_reason() is not None for r in self.records)
+
+    def _stop(self, ranks: List[int]) -> None:
+        """Dump the Python stack of each rank still running into its output, then kill it."""
+        if not ranks:
+            return
+        sizes = {rank: self._size(rank) for rank in ranks}
+        for rank in ranks:
+            self._signal(rank, STACK_SIGNAL)
+        until, last = time.monotonic() + STACK_DUMP_WAIT_S, None
+        while time.monotonic() < until:
+            time.sleep(0.02)
+            now = [self._size(rank) for rank in ranks]
+            if now == last and all(n > sizes[r] for n, r in zip(now, ranks)):
+                break
+            last = now
+        for rank in ranks:
+            self._signal(rank, signal.SIGKILL)
+        for rank in ranks:
+            self.processes[rank].join(5)
+            self._alive.discard(rank)
+            self.records[rank].stopped = True
+            self.records[rank].exitcode = self.processes[rank].exitcode
+            self._stack_from[rank] = sizes[rank]
+
+    def _signal(self, rank: int, signum: int) -> None:
+        try:
+            os.kill(self.processes[rank].pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def _size(self, rank: int) -> int:
+        try:
+            return os.path.getsize(self.output_path(rank))
+        except OSError:
+            return 0
+
+    def _read(self, rank: int) -> bytes:
+        try:
+            with open(self.output_path(rank), "rb") as f:
+                return f.read()
+        except OSError:
+            return b""
+
+    def _collect_output(self) -> None:
+        for record in self.records:
+            data = self._read(record.rank)
+            cut = self._stack_from.get(record.rank, len(data))
+            record.output = data[:cut].decode(errors="replace")
+            record.stack = without_lifeline(data[cut:].decode(errors="replace"))
+
+    def _stream(self) -> None:
+        """Print new complete lines of every rank's output, prefixed by its rank."""
+        for rank in range(len(self.records)):
+            try:
+                with open(self.output_path(rank), "rb") as f:
+                    f.seek(self._streamed[rank])
+                    data = f.read()
+            except OSError:
+                continue
+            end = len(data) if rank not in self._alive else data.rfind(b"\n") + 1
+            for line in data[:end].decode(errors="replace").splitlines():
+                print(f"[rank {rank}] {line}", file=sys.stdout, flush=True)
+            self._streamed[rank] += end
+
+    def close(self) -> None:
+        """Kill what still runs and remove the private dir (rendezvous file, outputs, temp)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for process in self.processes:
+                if process.exitcode is None:
+                    process.kill()
+            for process in self.processes:
+                process.join(5)
+                if process.exitcode is not None:
+                    process.close()
+            for reader in self._readers.values():
+                reader.close()
+            self._readers.clear()
+        finally:
+            shutil.rmtree(self.work_dir, ignore_errors=True)

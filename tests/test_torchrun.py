@@ -1,0 +1,119 @@
+"""run_all.py launched by torchrun: each process is a rank, tests run in-process, rank 0 reports.
+
+Covers: a default group created and destroyed per test (repeated init on torchrun's store),
+grid points across ranks, a skip on one rank, a failure on one rank failing the test with
+that rank's traceback, JUnit XML from rank 0, a launcher without torchrun's agent store, and
+a real suite test (`torchrun --standalone --nproc-per-node 2 run_all.py -k ...`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import unittest
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import List
+
+from tests.fixtures import REPO, child_env
+
+RANKS = "tests.fixtures.runner_ranks"
+TORCHRUN = shutil.which("torchrun")
+
+
+def last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def torchrun(*args: str) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc-per-node 2 run_all.py ARGS` (as `python -m` for a
+    torchrun that is not on PATH)."""
+    launcher: List[str] = (
+        [TORCHRUN] if TORCHRUN else [sys.executable, "-m", "torch.distributed.run"]
+    )
+    return subprocess.run(
+        [*launcher, "--standalone", "--nproc-per-node", "2", "run_all.py", *args],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600,
+    )
+
+
+class TestTorchrunPassing(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.proc = torchrun(RANKS, "-k", "TestRanks", "--save-xml", cls.tmp.name)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.tmp.cleanup()
+
+    def test_every_test_passes_with_a_fresh_group_each(self) -> None:
+        self.assertEqual(self.proc.returncode, 0, self.proc.stdout + self.proc.stderr)
+        # 3 tests all-reduce in their own default group; the 4th skips on the last rank only.
+        self.assertEqual(last_line(self.proc.stdout), "3 passed, 0 failed, 1 skipped")
+
+    def test_rank_0_alone_reports(self) -> None:
+        self.assertEqual(self.proc.stdout.count("3 passed, 0 failed, 1 skipped"), 1)
+        row = next(line for line in self.proc.stdout.splitlines() if line.startswith(RANKS))
+        self.assertEqual(row.split()[1:5], ["3", "0", "1", "3"])  # 3 grid points
+
+    def test_junit_xml_written_once(self) -> None:
+        report = Path(self.tmp.name, f"TEST-{RANKS}.TestRanks.xml")
+        cases = [case.get("name") for case in ET.parse(report).getroot().iter("testcase")]
+        self.assertEqual(
+            cases,
+            ["test_all_reduce", "test_all_reduce_again", "test_grid", "test_skips_on_last_rank"],
+        )
+
+
+class TestTorchrunFailures(unittest.TestCase):
+    def test_failure_on_one_rank_fails_the_test(self) -> None:
+        proc = torchrun(RANKS, "-k", "TestRankFailure")
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertEqual(last_line(proc.stdout), "0 passed, 2 failed, 0 skipped")
+        report = proc.stdout
+        self.assertIn(f"FAIL: {RANKS}.TestRankFailure.test_fails_on_rank_1", report)
+        self.assertIn("--- rank 1 ---", report)
+        self.assertNotIn("--- rank 0 ---", report)
+        self.assertIn("rank 1 disagrees on purpose", report)
+        self.assertIn("grid point (point=2) failed", report)
+        self.assertNotIn("(point=1)", report)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class TestOtherLaunchers(unittest.TestCase):
+    def test_without_torchruns_agent_store_rank_0_hosts_it(self) -> None:
+        port = str(free_port())
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "run_all.py", RANKS, "-k", "TestRanks"],
+                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env=child_env({"RANK": str(rank), "WORLD_SIZE": "2",
+                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}),
+            )
+            for rank in (0, 1)
+        ]
+        outputs = [proc.communicate(timeout=300) for proc in procs]
+        self.assertEqual([proc.returncode for proc in procs], [0, 0], outputs)
+        self.assertEqual(last_line(outputs[0][0]), "3 passed, 0 failed, 1 skipped")
+        self.assertEqual(outputs[1][0], "")
+
+
+class TestRealSuite(unittest.TestCase):
+    def test_a_suite_test_under_torchrun(self) -> None:
+        proc = torchrun("test_fine_tune", "-k", "test_hooks_multi_traversal")
+        self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
+        self.assertEqual(last_line(proc.stdout), "1 passed, 0 failed, 0 skipped")
+
+
+if __name__ == "__main__":
+    unittest.main()
