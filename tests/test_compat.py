@@ -1,0 +1,69 @@
+"""harness.compat: every private torch lookup resolves in the installed torch."""
+
+import threading
+import unittest
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import ShardingStrategy
+
+from harness import compat
+
+
+class CompatTest(unittest.TestCase):
+    def test_first_attr_takes_the_first_that_exists_and_names_all_tried(self):
+        self.assertIs(
+            compat.first_attr([("no.such.module", "x"), ("os", "getcwd")]), __import__("os").getcwd
+        )
+        with self.assertRaisesRegex(ImportError, "no.such.module.x, os.nope"):
+            compat.first_attr([("no.such.module", "x"), ("os", "nope")])
+
+    def test_fsdp_reduce_scatter_is_a_real_dist_function(self):
+        name = compat.fsdp_reduce_scatter_name()
+        self.assertTrue(callable(getattr(dist, name)))
+
+    def test_register_post_backward_function_is_an_autograd_function(self):
+        self.assertTrue(
+            issubclass(compat.register_post_backward_function(), torch.autograd.Function)
+        )
+
+    def test_fsdp1_facts(self):
+        self.assertEqual(
+            compat.fsdp_homogeneous_attr_names(),
+            ("_use_orig_params", "limit_all_gathers", "_use_full_prec_in_eval"),
+        )
+        self.assertEqual(compat.fsdp_unsafe_setattr_env(), "FSDP_USE_UNSAFE_SETATTR")
+        self.assertEqual(compat.fsdp_full_prec_in_eval_env(), "FSDP_USE_FULL_PREC_IN_EVAL")
+        self.assertIsInstance(compat.hybrid_shard_zero2(), ShardingStrategy)
+        self.assertTrue(issubclass(compat.fsdp1_exec_order_class(), object))
+
+    def test_tensor_backward_hooks(self):
+        t = torch.ones(1, requires_grad=True)
+        self.assertEqual(compat.tensor_backward_hooks(t), [])
+        hook = t.register_hook(lambda g: g)
+        self.assertEqual(len(compat.tensor_backward_hooks(t)), 1)
+        hook.remove()
+
+    def test_thread_local_world_gives_each_thread_its_own_default_group(self):
+        seen = {}
+        initialised, checked = threading.Event(), threading.Event()
+
+        def in_thread():
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            seen["thread"] = dist.is_initialized()
+            initialised.set()
+            checked.wait(30)
+            dist.destroy_process_group()
+
+        with compat.thread_local_c10d_world():
+            thread = threading.Thread(target=in_thread)
+            thread.start()
+            initialised.wait(30)
+            seen["main, while the thread has a group"] = dist.is_initialized()
+            checked.set()
+            thread.join()
+        self.assertEqual(seen, {"thread": True, "main, while the thread has a group": False})
+        self.assertFalse(dist.is_initialized())
+
+if __name__ == "__main__":
+    unittest.main()
