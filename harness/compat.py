@@ -119,6 +119,11 @@ def fsdp1_exec_order_class() -> type:
     return _ExecOrderData
 
 
+def fsdp1_runtime_module() -> Any:
+    """FSDP1's runtime hooks module (``_runtime_utils``); fault-injection tests patch it."""
+    return import_module("torch.distributed.fsdp._runtime_utils")
+
+
 # --- models / test_misc ---
 # FSDP1 internals that test_misc inspects (flat parameters, env knobs, the homogeneous-attribute
 # list) and two private distributed entry points it calls.
@@ -287,3 +292,4 @@ def thread_local_c10d_world() -> Iterator[None]:
             _c10d_world_depth[0] -= 1
             if set_isolation is not None and _c10d_world_depth[0] == 0:
                 set_isolation(False)
+

@@ -32,6 +32,7 @@ STORE_TIMEOUT_S = 300.0
 
 _store: Any = None
 _registered = False
+_scope = "run"
 _inits = itertools.count()
 
 
@@ -88,11 +89,19 @@ def _rendezvous(url: str, timeout: Optional[timedelta] = None, **_: Any) -> Iter
     rank = int(query.get("rank", [rank])[0])
     if int(query.get("world_size", ["-1"])[0]) > 0:
         world_size = int(query["world_size"][0])
-    store = dist.PrefixStore(f"{_job_prefix()}/pg{next(_inits)}/", launcher_store())
+    store = dist.PrefixStore(f"{_job_prefix()}/{_scope}/pg{next(_inits)}/", launcher_store())
     if timeout is not None:
         store.set_timeout(timeout)
     yield store, rank, world_size
     raise RuntimeError(f"{SCHEME}:// cannot re-rendezvous; initialise a new group instead")
+
+
+def new_scope(name: str) -> None:
+    """Start counting group inits afresh under `name` (the runner calls it before each test),
+    so a test whose ranks initialised a different number of groups cannot desynchronise the
+    namespaces of the tests after it."""
+    global _scope, _inits
+    _scope, _inits = name, itertools.count()
 
 
 def init_method() -> str:
@@ -118,11 +127,11 @@ class RankExchange:
 
         self.rank, self.world_size = _rank_and_world()
         self._store = dist.PrefixStore(f"{_job_prefix()}/runner/", launcher_store())
-        self._round = 0
+        self.rounds = 0
 
     def exchange(self, text: str, timeout: float) -> List[str]:
         """Post `text` for this round and wait up to `timeout` s for every rank's text."""
-        round_, self._round = self._round, self._round + 1
+        round_, self.rounds = self.rounds, self.rounds + 1
         keys = [f"{round_}/{rank}" for rank in range(self.world_size)]
         self._store.set(keys[self.rank], text)
         try:

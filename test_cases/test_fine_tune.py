@@ -22,7 +22,7 @@ from torch.distributed.fsdp.fully_sharded_data_parallel import (
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness import FSDPTest, TEST_WITH_DEV_DBG_ASAN, compat, run_tests, skip_if_lt_x_gpu
+from harness import TEST_WITH_DEV_DBG_ASAN, FSDPTest, compat, run_tests, skip_if_lt_x_gpu
 from harness.devices import default_world_size
 
 if not dist.is_available():
@@ -153,7 +153,7 @@ class TestFSDPFineTune(FSDPTest):
                     # Kept unsharded after forward, so only the post-backward can reshard
                     self.assertEqual(len(compat.fsdp1_unsharded_handles(seq)), self.NUM_LINEARS)
                 out.sum().backward()
-                hookable = self.NUM_LINEARS if (inp_requires_grad or unfrozen) else self.NUM_LINEARS - 1
+                hookable = self.NUM_LINEARS - (0 if inp_requires_grad or unfrozen else 1)
                 self.assertEqual(len(reshards), hookable)
                 # Only an unhooked linear may keep its unsharded copy (the catch-all reshard
                 # does not always free it); every hooked one must have been resharded

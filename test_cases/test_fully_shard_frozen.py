@@ -288,6 +288,8 @@ class TestFullyShardFrozen(FSDPTest):
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
         ref_optim = torch.optim.Adam(ref_model.parameters(), lr=1e-2)
         optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+        # Different data on each rank, so that gradients that are not reduced show up
+        torch.manual_seed(42 + self.rank + 1)
         for iter_idx in range(10):
             inp = torch.randn((8, 5), device=self.device)
             losses: List[torch.Tensor] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pty
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -214,6 +215,21 @@ class TestRunControl(unittest.TestCase):
         proc = run_all(CONFIG, "-k", "sleeps", env={"HARNESS_PROGRESS_INTERVAL": "0.2"})
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertRegex(proc.stderr, r"\[0/1\] \dm\d\ds running .*TestSlow\.test_sleeps")
+
+    def test_ctrl_c_reports_what_ran_and_exits_130(self) -> None:
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "run_all.py"), CONFIG, "-v"],
+            cwd=REPO, env=child_env({"RUNNER_FIXTURE_SLEEP": "60"}),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        self.assertIn("running 2 test(s)", proc.stderr.readline())
+        self.assertIn("ok    tests.fixtures.runner_config.TestConfig", proc.stderr.readline())
+        proc.send_signal(signal.SIGINT)  # now inside TestSlow.test_sleeps
+        out, _ = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 130)
+        self.assertIn("run stopped: interrupted", out)
+        self.assertEqual(last_line(out), "1 passed, 0 failed, 0 skipped")
 
     def test_live_line_on_a_terminal(self) -> None:
         leader, follower = pty.openpty()

@@ -15,16 +15,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Optional
 
-from harness.runner import (
-    RunRecord,
-    UsageError,
-    fold_grid_points,
-    merge_ranks,
-    name_matcher,
-    repeat,
-    select,
-    shard,
-)
+from harness.loader import UsageError, name_matcher, repeat, select, shard
+from harness.records import RunRecord, fold_grid_points, merge_ranks
 from tests.fixtures import REPO, child_env
 
 FIXTURES = REPO / "tests" / "fixtures"

@@ -84,6 +84,14 @@ class TestTorchrunFailures(unittest.TestCase):
         self.assertNotIn("(point=1)", report)
 
 
+    def test_a_rank_that_does_not_finish_stops_the_run(self) -> None:
+        proc = torchrun(RANKS, "-k", "TestRankLags")
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("rank(s) 1 did not finish within 3s", proc.stdout)
+        self.assertIn("run stopped: rank(s) 1 did not finish", proc.stdout)
+        self.assertEqual(last_line(proc.stdout), "0 passed, 1 failed, 0 skipped")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -109,10 +117,16 @@ class TestOtherLaunchers(unittest.TestCase):
 
 
 class TestRealSuite(unittest.TestCase):
-    def test_a_suite_test_under_torchrun(self) -> None:
-        proc = torchrun("test_fine_tune", "-k", "test_hooks_multi_traversal")
+    def test_suite_tests_under_torchrun(self) -> None:
+        """Two FSDPTest tests: each initialises and destroys the default group in-process."""
+        proc = torchrun(
+            "test_fine_tune", "-k", "test_hooks_multi_traversal",
+            "-k", "test_parity_with_non_frozen_fsdp",
+        )
         self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
-        self.assertEqual(last_line(proc.stdout), "1 passed, 0 failed, 0 skipped")
+        self.assertEqual(last_line(proc.stdout), "2 passed, 0 failed, 0 skipped")
+        row = next(line for line in proc.stdout.splitlines() if line.startswith("test_cases."))
+        self.assertGreater(int(row.split()[4]), 0)  # grid points ran in the ranks
 
 
 if __name__ == "__main__":

@@ -1,0 +1,192 @@
+"""One record per test: what the runner knows about a test once it has finished.
+
+unittest reports many events per test (a failing grid point is one `addSubTest` each). The
+`Collector` folds them into one `RunRecord` per test, because everything downstream wants one
+answer per test: the progress line, the per-suite table, the closing
+`N passed, N failed, N skipped` line, one JUnit testcase per test (failing grid points listed
+in it with their parameters), and, under torchrun, the one message a rank sends rank 0
+(`merge_ranks` turns the ranks' records back into one).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import unittest
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+FAILED = ("failed", "error")
+
+
+@dataclass
+class RunRecord:
+    """Everything reported about one test (or one class/module fixture, or a failed import)."""
+
+    test_id: str
+    suite: str
+    status: str = "passed"  # passed | failed | error | skipped
+    message: str = ""  # one line: why it failed, or the skip reason
+    detail: str = ""  # tracebacks, failing grid points with their parameters
+    exc_type: str = ""
+    grid_points: int = 0
+    duration: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> RunRecord:
+        return cls(**json.loads(text))
+
+
+def merge_ranks(records: Sequence[RunRecord]) -> RunRecord:
+    """One record from every rank's record of the same test: any failing rank fails it."""
+    first = records[0]
+    failing = [(rank, rec) for rank, rec in enumerate(records) if rec.status in FAILED]
+    merged = RunRecord(
+        test_id=first.test_id,
+        suite=first.suite,
+        grid_points=max(rec.grid_points for rec in records),
+        duration=max(rec.duration for rec in records),
+    )
+    if failing:
+        merged.status = "failed" if any(r.status == "failed" for _, r in failing) else "error"
+        merged.message = "; ".join(f"rank {rank}: {rec.message}" for rank, rec in failing)
+        merged.detail = "\n".join(f"--- rank {rank} ---\n{rec.detail}" for rank, rec in failing)
+        merged.exc_type = failing[0][1].exc_type
+    else:
+        skipped = [rec for rec in records if rec.status == "skipped"]
+        if skipped:
+            merged.status, merged.message = "skipped", skipped[0].message
+    return merged
+
+
+def params_text(subtest: Any) -> str:
+    params = getattr(subtest, "params", None) or {}
+    return ", ".join(f"{name}={value!r}" for name, value in params.items())
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip()[:300] if lines else ""
+
+
+def fold_grid_points(points: Sequence[Tuple[str, str]], main: str = "") -> Tuple[str, str]:
+    """(message, detail) for a test whose grid points `(params, traceback)` failed."""
+    shown = "; ".join(f"({params})" for params, _ in points)
+    message = f"{len(points)} grid point(s) failed: {shown}"
+    parts = [f"grid point ({params}) failed:\n{text}" for params, text in points]
+    if main:
+        parts.append(main)
+        message = f"{message}; then: {last_line(main)}"
+    return message, "\n".join(parts)
+
+
+class Reported(AssertionError):
+    """An outcome that was already formatted (by a rank, or folded from grid points)."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+def reported_exc_info(record: RunRecord) -> Tuple[type, BaseException, None]:
+    """An exc_info triple for `record`, for result classes that want one (JUnit XML)."""
+    name = record.exc_type or "AssertionError"
+    kind = type(name, (Reported,), {})
+    return kind, kind(record.message, record.detail), None
+
+
+class Collector(unittest.TestResult):
+    """A unittest result that turns each test's events into one RunRecord."""
+
+    def __init__(
+        self,
+        on_start: Callable[[unittest.TestCase], None],
+        on_record: Callable[[Any, RunRecord], None],
+    ) -> None:
+        super().__init__()
+        self.suite = ""
+        self._on_start = on_start
+        self._on_record = on_record
+        self._test: Any = None
+        self._started = 0.0
+        self._main: Optional[Tuple[str, str, str]] = None  # status, exc_type, traceback
+        self._skip: Optional[str] = None
+        self._points: List[Tuple[str, str, str]] = []
+        self._point_count = 0
+
+    def startTest(self, test: unittest.TestCase) -> None:  # noqa: N802 - unittest's naming
+        super().startTest(test)
+        self._test, self._started = test, time.monotonic()
+        self._main, self._skip, self._points, self._point_count = None, None, [], 0
+        self._on_start(test)
+
+    def _exc_info_to_string(self, err: Any, test: Any) -> str:
+        if isinstance(err[1], Reported):
+            return err[1].detail
+        return super()._exc_info_to_string(err, test)
+
+    def _outside(self, test: Any, status: str, message: str, detail: str, exc: str) -> None:
+        """A class/module fixture error or skip: reported as a record of its own, with an id
+        like a test's (`setUpClass (mod.Class)` becomes `mod.Class.setUpClass`)."""
+        hook, _, owner = str(test).partition(" (")
+        test_id = f"{owner.rstrip(')')}.{hook}" if owner else str(test)
+        self._on_record(test, RunRecord(test_id, self.suite, status, message, detail, exc))
+
+    def _error(self, test: Any, status: str, err: Any) -> None:
+        text = self._exc_info_to_string(err, test)
+        if self._test is None:
+            self._outside(test, status, last_line(text), text, err[0].__name__)
+        else:
+            self._main = (status, err[0].__name__, text)
+
+    def addFailure(self, test: Any, err: Any) -> None:  # noqa: N802
+        self._error(test, "failed", err)
+
+    def addError(self, test: Any, err: Any) -> None:  # noqa: N802
+        self._error(test, "error", err)
+
+    def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
+        if self._test is None:
+            self._outside(test, "skipped", reason, "", "")
+        elif test is self._test:
+            self._skip = reason
+        else:  # a grid point skipped itself
+            self._point_count += 1
+
+    def addExpectedFailure(self, test: Any, err: Any) -> None:  # noqa: N802
+        """Counts as passed: the test failed as it declared it would."""
+
+    def addUnexpectedSuccess(self, test: Any) -> None:  # noqa: N802
+        text = "unexpected success: the test is marked expectedFailure but passed"
+        self._main = ("failed", "UnexpectedSuccess", text)
+
+    def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
+        self._point_count += 1
+        if err is not None:
+            text = self._exc_info_to_string(err, test)
+            self._points.append((params_text(subtest), text, err[0].__name__))
+
+    def stopTest(self, test: unittest.TestCase) -> None:  # noqa: N802
+        super().stopTest(test)
+        if isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            self._test = None  # interrupted, not finished: no verdict to report
+            return
+        record = RunRecord(test.id(), self.suite, duration=time.monotonic() - self._started)
+        record.grid_points = max(getattr(test, "_grid_points_run", 0) or 0, self._point_count)
+        main_text = self._main[2] if self._main else ""
+        if self._points:
+            record.status = "failed"
+            points = [(params, text) for params, text, _ in self._points]
+            record.message, record.detail = fold_grid_points(points, main_text)
+            record.exc_type = self._points[0][2]
+        elif self._main:
+            record.status, record.exc_type, record.detail = self._main
+            record.message = last_line(main_text)
+        elif self._skip is not None:
+            record.status, record.message = "skipped", self._skip
+        self._test = None
+        self._on_record(test, record)
