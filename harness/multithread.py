@@ -30,6 +30,7 @@ from harness.outcome import Event, RankRecord, SubtestVerdict, decide
 from harness.rank import ForwardingResult, format_error
 from harness.skips import check_requirements
 from harness.testcase import TestCase, route_test_method
+from harness.thread_warnings import per_thread_warnings
 
 MAIN_THREAD_RANK = -1
 FAIL_FAST_GRACE_S = 10.0  # after a rank fails, how long the others get to notice and finish
@@ -203,6 +204,7 @@ class MultiThreadedTestCase(TestCase):
         state = ExitStack()
         self.addCleanup(state.close)
         state.enter_context(compat.thread_local_c10d_world())
+        state.enter_context(per_thread_warnings())
         state.callback(self._threads.stop_if_running)  # LIFO: before the world is restored
         state.callback(setattr, sys, "excepthook", sys.excepthook)
         state.callback(torch.set_num_threads, torch.get_num_threads())
