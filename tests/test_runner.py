@@ -29,6 +29,32 @@ def run_file(name: str, *args: str, cwd: Optional[str] = None) -> subprocess.Com
     )
 
 
+
+class TestSuitesRunStandalone(unittest.TestCase):
+    """The real suites run the three ways users run one file, and pass."""
+
+    def run_command(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *args], cwd=REPO, env=child_env(),
+                              capture_output=True, text=True, timeout=600)
+
+    def test_script_with_verbose_flag(self) -> None:
+        proc = self.run_command("test_cases/test_exec_order.py", "-v")
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertIn("test_invalid_first_iter_order_sharding_strategy_FULL_SHARD", proc.stderr)
+        self.assertRegex(proc.stderr, r"Ran 8 tests in .*\n\nOK")
+
+    def test_python_m_unittest(self) -> None:
+        proc = self.run_command("-m", "unittest", "test_cases.test_misc")
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertRegex(proc.stderr, r"Ran 26 tests in .*\n\nOK")
+
+    def test_python_m_pytest(self) -> None:
+        proc = self.run_command("-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                "test_cases/test_misc.py")
+        self.assertEqual(proc.returncode, 0, proc.stdout[-3000:])
+        self.assertRegex(proc.stdout, r"\b\d+ passed, \d+ skipped")
+        self.assertNotIn("failed", proc.stdout.splitlines()[-1])
+
 class TestRunTestsFlags(unittest.TestCase):
     def test_passing_file_exits_0_and_failing_file_exits_1(self) -> None:
         passing = run_file("runner_pass.py")
