@@ -1,4 +1,4 @@
-"""run_tests() as `python some_test_file.py [flags]` runs it, and the engine's pure parts.
+"""run_tests(): `python some_test_file.py [flags]`, and the real suites run on their own.
 
 The files run are the fixtures in tests/fixtures/, which end with
 `if __name__ == "__main__": run_tests()` like every suite.
@@ -15,8 +15,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Optional
 
-from harness.loader import UsageError, name_matcher, repeat, select, shard
-from harness.records import RunRecord, fold_grid_points, merge_ranks
 from tests.fixtures import REPO, child_env
 
 FIXTURES = REPO / "tests" / "fixtures"
@@ -110,87 +108,6 @@ class TestRunTestsFlags(unittest.TestCase):
             self.assertEqual(proc.returncode, 0, proc.stderr)
             names = sorted(os.listdir(f"{tmp}/out"))
         self.assertEqual(names, ["TEST-TestPasses.xml", "TEST-TestSkips.xml"])
-
-
-class _Named(unittest.TestCase):
-    """A stand-in test with a chosen id, for the selection functions."""
-
-    def __init__(self, test_id: str) -> None:
-        super().__init__("runTest")
-        self._id = test_id
-
-    def runTest(self) -> None:  # noqa: N802 - unittest's naming
-        """Never run."""
-
-    def id(self) -> str:
-        return self._id
-
-
-class TestSelectionFunctions(unittest.TestCase):
-    IDS = [f"suite.mod{m}.TestC.test_{n}" for m in (1, 2) for n in ("a", "b", "c", "grid")]
-
-    def plan(self):
-        return [
-            (module, [_Named(i) for i in self.IDS if i.startswith(module)])
-            for module in ("suite.mod1", "suite.mod2")
-        ]
-
-    def test_pattern_without_star_matches_a_substring(self) -> None:
-        match = name_matcher("test_b")
-        self.assertTrue(match("suite.mod1.TestC.test_b"))
-        self.assertFalse(match("suite.mod1.TestC.test_a"))
-        self.assertTrue(name_matcher("*mod2.*_a")("suite.mod2.TestC.test_a"))
-        self.assertFalse(name_matcher("*mod2.*_a")("suite.mod2.TestC.test_a_x"))
-
-    def test_select_rejects_unmatched_and_empty_patterns(self) -> None:
-        with self.assertRaisesRegex(UsageError, "-k 'zzz' matches no test"):
-            select(self.plan(), ["test_a", "zzz"])
-        with self.assertRaisesRegex(UsageError, "empty pattern"):
-            select(self.plan(), [""])
-        kept = select(self.plan(), ["*mod2*grid"])
-        self.assertEqual([[t.id() for t in tests] for _, tests in kept],
-                         [["suite.mod2.TestC.test_grid"]])
-
-    def test_shards_partition_the_run(self) -> None:
-        for count in (1, 2, 3, 5, 9):
-            with self.subTest(count=count):
-                ids = [t.id() for i in range(1, count + 1)
-                       for _, tests in shard(self.plan(), i, count) for t in tests]
-                self.assertEqual(sorted(ids), sorted(self.IDS))
-
-    def test_repeat_makes_fresh_instances(self) -> None:
-        plan = [("m", [unittest.FunctionTestCase(lambda: None)])]
-        self.assertIs(repeat(plan, 1), plan)
-        plan = [("m", [TestSelectionFunctions("test_repeat_makes_fresh_instances")])]
-        tests = repeat(plan, 3)[0][1]
-        self.assertEqual(len(tests), 3)
-        self.assertEqual(len({id(t) for t in tests}), 3)
-
-
-class RunRecords(unittest.TestCase):
-    def test_any_failing_rank_fails_the_test(self) -> None:
-        ok = RunRecord("t", "s", grid_points=3, duration=1.0)
-        bad = RunRecord("t", "s", "failed", "boom", "Traceback...\nboom", "AssertionError", 3, 2.0)
-        merged = merge_ranks([ok, bad])
-        self.assertEqual(merged.status, "failed")
-        self.assertEqual(merged.message, "rank 1: boom")
-        self.assertIn("--- rank 1 ---\nTraceback...", merged.detail)
-        self.assertEqual((merged.grid_points, merged.duration), (3, 2.0))
-
-    def test_skip_on_one_rank_skips_when_none_fails(self) -> None:
-        merged = merge_ranks([RunRecord("t", "s"), RunRecord("t", "s", "skipped", "no gpu")])
-        self.assertEqual((merged.status, merged.message), ("skipped", "no gpu"))
-        self.assertEqual(merge_ranks([RunRecord("t", "s")] * 2).status, "passed")
-
-    def test_record_round_trips_through_json(self) -> None:
-        record = RunRecord("t", "s", "error", "m", "d", "ValueError", 4, 0.5)
-        self.assertEqual(RunRecord.from_json(record.to_json()), record)
-
-    def test_folded_grid_points_name_their_params(self) -> None:
-        message, detail = fold_grid_points([("a=1", "tb1"), ("a=3", "tb3")], "main tb\nValueError")
-        self.assertEqual(message, "2 grid point(s) failed: (a=1); (a=3); then: ValueError")
-        self.assertEqual(detail, "grid point (a=1) failed:\ntb1\ngrid point (a=3) failed:\n"
-                                 "tb3\nmain tb\nValueError")
 
 
 if __name__ == "__main__":
