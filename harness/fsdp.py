@@ -21,12 +21,10 @@ from harness.multithread import MultiThreadedTestCase
 from harness.threaded_pg import RankReleased
 
 
-class FSDPTest(MultiProcessTestCase):
-    """MultiProcessTestCase whose ranks run each test inside an initialised default group.
+class _RankDevice:
+    """`device`, `device_type` and `process_group` of a rank, as overridable properties."""
 
-    `device`, `device_type` and `process_group` are properties, so suites may override them
-    (upstream suites do, e.g. `process_group` returning the default group).
-    """
+    rank: int
 
     @property
     def device_type(self) -> str:
@@ -41,6 +39,14 @@ class FSDPTest(MultiProcessTestCase):
     def process_group(self) -> Any:
         """The default process group of this rank."""
         return dist.group.WORLD
+
+
+class FSDPTest(_RankDevice, MultiProcessTestCase):
+    """MultiProcessTestCase whose ranks run each test inside an initialised default group.
+
+    `device`, `device_type` and `process_group` are properties, so suites may override them
+    (upstream suites do, e.g. `process_group` returning the default group).
+    """
 
     def setUp(self) -> None:
         super().setUp()
@@ -65,7 +71,7 @@ class FSDPTest(MultiProcessTestCase):
         super().tearDown()
 
 
-class FSDPTestMultiThread(MultiThreadedTestCase):
+class FSDPTestMultiThread(_RankDevice, MultiThreadedTestCase):
     """FSDPTest for thread ranks (harness/multithread.py): same device, group and barriers.
 
     Each rank thread's default group (backend `threaded`) is initialised before setUp, the
@@ -73,20 +79,6 @@ class FSDPTestMultiThread(MultiThreadedTestCase):
     barrier (skipped when this rank failed) and the group's destruction. `device`,
     `device_type` and `process_group` are properties, as in FSDPTest.
     """
-
-    @property
-    def device_type(self) -> str:
-        return devices.device_type()
-
-    @property
-    def device(self) -> torch.device:
-        """This rank's device: its own GPU, or the CPU."""
-        return devices.rank_device(max(self.rank, 0))
-
-    @property
-    def process_group(self) -> Any:
-        """The default process group of this rank thread."""
-        return dist.group.WORLD
 
     def _init_rank_thread(self) -> None:
         super()._init_rank_thread()

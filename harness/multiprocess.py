@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 import torch.distributed as dist
 
 from harness import devices, forkserver
-from harness.outcome import RankRecord, SubtestVerdict, decide
+from harness.outcome import RankRecord, apply_verdict, decide
 from harness.rank import RankSpec
 from harness.skips import check_requirements
 from harness.supervisor import RankGroup
@@ -177,22 +177,7 @@ class MultiProcessTestCase(TestCase):
         finally:  # on KeyboardInterrupt too: no rank outlives the test
             self._close_ranks()
         self.rank_records = group.records
-        verdict = decide(group.records, timeout if timed_out else None)
-        self._grid_points_run = verdict.grid_points
-        for point in verdict.subtests:
-            self._replay(point)
-        if verdict.kind == "fail":
-            raise self.failureException(verdict.message)
-        if verdict.kind == "skip":
-            raise unittest.SkipTest(verdict.message)
-
-    def _replay(self, point: SubtestVerdict) -> None:
-        """Report a grid point the ranks ran as this test's own subtest, with its params."""
-        with self.subTest(**point.params):
-            if point.status == "fail":
-                raise self.failureException(point.text)
-            if point.status == "skip":
-                raise unittest.SkipTest(point.text)
+        apply_verdict(self, decide(group.records, timeout if timed_out else None))
 
     def _grid_point_done(self, params: Dict[str, Any], passed: bool) -> bool:
         """Ranks meet after each grid point through a store beside the rendezvous file.

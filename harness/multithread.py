@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 import traceback
-import unittest
 from contextlib import ExitStack
 from typing import Any, Callable, Dict, List, Optional
 
@@ -26,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from harness import compat, devices, threaded_pg
-from harness.outcome import Event, RankRecord, SubtestVerdict, decide
+from harness.outcome import Event, RankRecord, apply_verdict, decide
 from harness.rank import ForwardingResult, format_error
 from harness.skips import check_requirements
 from harness.testcase import TestCase, route_test_method
@@ -220,22 +219,7 @@ class MultiThreadedTestCase(TestCase):
             )
         timeout = self.timeout
         timed_out = threads.supervise(timeout)
-        verdict = decide(threads.records, timeout if timed_out else None)
-        self._grid_points_run = verdict.grid_points
-        for point in verdict.subtests:
-            self._replay(point)
-        if verdict.kind == "fail":
-            raise self.failureException(verdict.message)
-        if verdict.kind == "skip":
-            raise unittest.SkipTest(verdict.message)
-
-    def _replay(self, point: SubtestVerdict) -> None:
-        """Report a grid point the ranks ran as this test's own subtest, with its params."""
-        with self.subTest(**point.params):
-            if point.status == "fail":
-                raise self.failureException(point.text)
-            if point.status == "skip":
-                raise unittest.SkipTest(point.text)
+        apply_verdict(self, decide(threads.records, timeout if timed_out else None))
 
     # --- rank threads ----------------------------------------------------------------------
     def _rank_thread_main(self, rank: int) -> None:

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import pickle
 import signal
+import unittest
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional
 
 from harness.skips import SKIP_BY_EXIT_CODE
+
+# unittest hides frames of modules that define this: a verdict's report is the ranks' story,
+# not the frames that raise it here.
+__unittest = True
 
 OUTPUT_TAIL_LINES = 200
 
@@ -210,3 +215,22 @@ def output_section(records: List[RankRecord]) -> str:
 def report(head: str, body: List[str], records: List[RankRecord]) -> str:
     sections = [head, *body, output_section(records)]
     return "\n\n".join(s for s in sections if s)
+
+
+def apply_verdict(case: unittest.TestCase, verdict: Verdict) -> None:
+    """Report a verdict as the supervising case's own outcome.
+
+    Every grid point the ranks ran becomes the case's subtest with its params (so failing
+    points are reported one by one); then the case fails or skips with the verdict's message.
+    """
+    case._grid_points_run = verdict.grid_points
+    for point in verdict.subtests:
+        with case.subTest(**point.params):
+            if point.status == "fail":
+                raise case.failureException(point.text)
+            if point.status == "skip":
+                raise unittest.SkipTest(point.text)
+    if verdict.kind == "fail":
+        raise case.failureException(verdict.message)
+    if verdict.kind == "skip":
+        raise unittest.SkipTest(verdict.message)
