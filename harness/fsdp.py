@@ -18,7 +18,7 @@ import torch.distributed as dist
 from harness import devices
 from harness.multiprocess import MAIN_PROCESS_RANK, MultiProcessTestCase
 from harness.multithread import MultiThreadedTestCase
-from harness.threaded_pg import RankReleased
+from harness.thread_world import RankReleased
 
 
 class _RankDevice:

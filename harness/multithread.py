@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from harness import compat, devices, threaded_pg
+from harness import compat, devices, thread_world, threaded_pg
 from harness.outcome import Event, RankRecord, apply_verdict, decide
 from harness.rank import ForwardingResult, format_error
 from harness.skips import check_requirements
@@ -70,7 +70,7 @@ class _RankThreads:
     def __init__(self, world_size: int, timeout: float) -> None:
         # Collectives wait longer than the test, so a hang is reported as the test timing
         # out (with stacks) rather than as a collective timing out.
-        self.world = threaded_pg.ThreadedWorld(world_size, timeout + FAIL_FAST_GRACE_S)
+        self.world = thread_world.ThreadedWorld(world_size, timeout + FAIL_FAST_GRACE_S)
         self.records = [RankRecord(rank) for rank in range(world_size)]
         self.sinks = [_EventSink(record) for record in self.records]
         self.threads: List[threading.Thread] = []
@@ -121,7 +121,7 @@ class _RankThreads:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def _destroy_group_of(world: threaded_pg.ThreadedWorld) -> None:
+def _destroy_group_of(world: thread_world.ThreadedWorld) -> None:
     """Destroy this thread's default group if it is still the one bound to `world`.
 
     A rank thread stopped late may finish after the process's own c10d world is back;
@@ -158,7 +158,7 @@ class MultiThreadedTestCase(TestCase):
         super().__init__(methodName)
         self._thread_rank = MAIN_THREAD_RANK
         self._threads: Optional[_RankThreads] = None
-        self._world: Optional[threaded_pg.ThreadedWorld] = None
+        self._world: Optional[thread_world.ThreadedWorld] = None
         self._grid_index = 0
         route_test_method(self, lambda: self._thread_rank == MAIN_THREAD_RANK, self._join_threads)
 
@@ -226,7 +226,7 @@ class MultiThreadedTestCase(TestCase):
         threads = self._threads
         assert threads is not None
         world, sink = threads.world, threads.sinks[rank]
-        threaded_pg.bind_thread(world, rank)
+        thread_world.bind_thread(world, rank)
         case: Optional[MultiThreadedTestCase] = None
         try:
             # Thread-local: FSDP's backward hooks must run on the rank's own thread, not on
@@ -252,7 +252,7 @@ class MultiThreadedTestCase(TestCase):
             if failed:
                 world.abort(f"rank {rank} failed its test")
             _destroy_group_of(world)
-            threaded_pg.unbind_thread()
+            thread_world.unbind_thread()
 
     def _init_rank_thread(self) -> None:
         """In a rank thread, before setUp: the default process group on the threaded backend."""

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from harness import compat, threaded_pg
+from harness import compat, thread_world, threaded_pg
 from harness.testcase import TestCase
 
 WORLD_SIZES = (1, 2, 3, 4)
@@ -215,12 +215,12 @@ def run_on_threads(
 ) -> Tuple[List[Any], List[Optional[BaseException]]]:
     """Run `fn(rank, world_size)` on thread ranks bound to one world: (results, errors)."""
     threaded_pg.register()
-    world = threaded_pg.ThreadedWorld(world_size, collective_timeout or timeout)
+    world = thread_world.ThreadedWorld(world_size, collective_timeout or timeout)
     results: List[Any] = [None] * world_size
     errors: List[Optional[BaseException]] = [None] * world_size
 
     def main(rank: int) -> None:
-        threaded_pg.bind_thread(world, rank)
+        thread_world.bind_thread(world, rank)
         torch.autograd.set_multithreading_enabled(False)
         try:
             dist.init_process_group("threaded", rank=rank, world_size=world_size,
@@ -232,7 +232,7 @@ def run_on_threads(
             world.rank_exited(rank, "failed its test" if errors[rank] else "finished its test")
             if dist.is_initialized():
                 dist.destroy_process_group()
-            threaded_pg.unbind_thread()
+            thread_world.unbind_thread()
 
     with compat.thread_local_c10d_world():
         threads = [threading.Thread(target=main, args=(r,), daemon=True)
@@ -312,18 +312,18 @@ class TestFailureReleasesWaiters(TestCase):
                 _, errors = run_on_threads(world_size, body, timeout=30.0)
                 self.assertIsInstance(errors[0], ValueError)
                 for rank in (1, 2):
-                    self.assertIsInstance(errors[rank], threaded_pg.RankReleased)
+                    self.assertIsInstance(errors[rank], thread_world.RankReleased)
                     self.assertIn("rank 0 failed its test without joining it", str(errors[rank]))
 
     def test_abort_releases_waiters_and_later_calls(self) -> None:
         def body(rank: int, size: int) -> None:
             if rank == 0:
                 time.sleep(0.2)
-                threaded_pg.current_world().abort("stopped by the test")
+                thread_world.current_world().abort("stopped by the test")
                 return
-            with self.assertRaisesRegex(threaded_pg.RankReleased, "stopped by the test"):
+            with self.assertRaisesRegex(thread_world.RankReleased, "stopped by the test"):
                 dist.all_reduce(torch.ones(1))
-            with self.assertRaisesRegex(threaded_pg.RankReleased, "stopped by the test"):
+            with self.assertRaisesRegex(thread_world.RankReleased, "stopped by the test"):
                 dist.barrier()
 
         _, errors = run_on_threads(2, body)
@@ -340,7 +340,7 @@ class TestBackendBehaviour(TestCase):
 
         _, errors = run_on_threads(2, body)
         for error in errors:
-            self.assertIsInstance(error, threaded_pg.CollectiveError)
+            self.assertIsInstance(error, thread_world.CollectiveError)
             self.assertIn("collective mismatch", str(error))
             self.assertIn("all_reduce(SUM)", str(error))
             self.assertIn("broadcast(0)", str(error))
@@ -353,7 +353,7 @@ class TestBackendBehaviour(TestCase):
             dist.all_reduce(torch.ones(1))
 
         _, errors = run_on_threads(2, body, collective_timeout=0.5)
-        self.assertIsInstance(errors[0], threaded_pg.CollectiveError)
+        self.assertIsInstance(errors[0], thread_world.CollectiveError)
         self.assertIn("timed out after 0.5s waiting for ranks [1]", str(errors[0]))
 
     def test_unimplemented_calls_name_the_collective(self) -> None:
