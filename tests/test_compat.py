@@ -1,5 +1,8 @@
 """harness.compat: every private torch lookup resolves in the installed torch."""
 
+import os
+import subprocess
+import sys
 import threading
 import unittest
 
@@ -64,6 +67,27 @@ class CompatTest(unittest.TestCase):
             thread.join()
         self.assertEqual(seen, {"thread": True, "main, while the thread has a group": False})
         self.assertFalse(dist.is_initialized())
+
+    def test_every_fault_installs_in_a_fresh_interpreter(self):
+        # A fault patches torch for good, so they are installed in a child, never here.
+        code = (
+            "from harness import compat\n"
+            "for name in compat.FAULTS:\n    compat.install_fault(name)\n    print(name)"
+        )
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        result = subprocess.run(
+            [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300
+        )
+        self.assertEqual(0, result.returncode, result.stderr[-3000:])
+        self.assertEqual(result.stdout.split(), list(compat.FAULTS))
+        self.assertTrue(compat.FAULTS)
+
+    def test_unknown_fault_is_a_one_line_error_naming_it(self):
+        expected = r"^unknown fault 'no_such_fault'; known faults: "
+        with self.assertRaisesRegex(ValueError, expected) as caught:
+            compat.install_fault("no_such_fault")
+        self.assertNotIn("\n", str(caught.exception))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -48,7 +48,7 @@ compat.install_fault(os.environ[{FAULT_ENV!r}])
 
 @dataclass(frozen=True)
 class Run:
-    """One suite run: ``fault`` (None: no fault) over ``targets`` (module, ``-k`` pattern)."""
+    """One suite run: ``fault`` (None: none) over ``targets``: (module, ``[Class.]method``)."""
 
     fault: Optional[str]
     targets: Tuple[Tuple[str, str], ...]
@@ -60,7 +60,7 @@ class Run:
 
 
 def _misc(*tests: str) -> Tuple[Tuple[str, str], ...]:
-    return tuple(("test_misc", f".{test}") for test in tests)
+    return tuple(("test_misc", test) for test in tests)
 
 
 # Keyed by the name of the test that checks the run; tests run in sorted order, which is the
@@ -73,8 +73,8 @@ RUNS: Dict[str, Run] = {
             "TestFSDPMiscMultiThread.test_fsdp_namedtuple",
             "TestFSDPMiscWorldSize1.test_unsafe_setattr",
         )
-        + (("test_fine_tune", ".test_parity_with_ddp"),)
-        + (("test_exec_order", ".test_invalid_first_iter_order"),),
+        + (("test_fine_tune", "test_parity_with_ddp"),)
+        + (("test_exec_order", "test_invalid_first_iter_order"),),
     ),
     "fsdp1_gradient_sum_not_mean": Run(
         "fsdp1_gradient_sum_not_mean",
@@ -118,38 +118,38 @@ RUNS: Dict[str, Run] = {
     "reduce_scatter_not_reduced": Run(
         "reduce_scatter_not_reduced",
         (
-            ("test_fine_tune", ".test_parity_with_ddp"),
-            ("test_fully_shard_frozen", ".test_multi_forward_mixed_requires_grad"),
-            ("test_fully_shard_frozen", ".test_train_mixed_requires_grad_per_group"),
+            ("test_fine_tune", "test_parity_with_ddp"),
+            ("test_fully_shard_frozen", "test_multi_forward_mixed_requires_grad"),
+            ("test_fully_shard_frozen", "test_train_mixed_requires_grad_per_group"),
         ),
         "not close",
     ),
     "reduce_scatter_sum_not_mean": Run(
         "reduce_scatter_sum_not_mean",
-        (("test_fully_shard_frozen", ".test_train_mixed_requires_grad_across_groups"),),
+        (("test_fully_shard_frozen", "test_train_mixed_requires_grad_across_groups"),),
         "not close",
     ),
     "no_exec_order_check": Run(
         "no_exec_order_check",
         (
-            ("test_exec_order", ".test_invalid_first_iter_order"),
-            ("test_exec_order", ".test_invalid_later_iter_order"),
+            ("test_exec_order", "test_invalid_first_iter_order"),
+            ("test_exec_order", "test_invalid_later_iter_order"),
         ),
         "not raised",
     ),
     "frozen_not_resharded_in_backward": Run(
         "frozen_not_resharded_in_backward",
-        (("test_fine_tune", ".test_backward_reshard_hooks"),),
+        (("test_fine_tune", "test_backward_reshard_hooks"),),
         "AssertionError",
     ),
     "post_backward_outside_autograd": Run(
         "post_backward_outside_autograd",
-        (("test_fully_shard_frozen", ".test_train_mixed_requires_grad_per_group"),),
+        (("test_fully_shard_frozen", "test_train_mixed_requires_grad_per_group"),),
         "not greater than or equal to",
     ),
     "checkpoint_load_noop": Run(
         "checkpoint_load_noop",
-        (("test_checkpoint_fine_tuning", ".test_fine_tuning"),),
+        (("test_checkpoint_fine_tuning", "test_fine_tuning"),),
         "not close",
     ),
 }
@@ -168,7 +168,7 @@ class Result:
     failures: Dict[str, str]
 
     @classmethod
-    def parse(cls, returncode: int, output: str) -> "Result":
+    def parse(cls, returncode: int, output: str) -> Result:
         failures: Dict[str, str] = {}
         for section in re.split(r"(?m)^={70}$", output)[1:]:
             header = _FAILED.match(section.lstrip("\n"))
@@ -205,13 +205,16 @@ class _Started:
             self.kill()
             returncode = self._process.returncode
         self._log.seek(0)
-        return Result.parse(returncode, self._log.read())
+        output = self._log.read()
+        self._log.close()
+        return Result.parse(returncode, output)
 
     def kill(self) -> None:
         """End the run with everything it started (runner, forkserver, ranks)."""
         if self._process.poll() is None:
             os.killpg(self._process.pid, signal.SIGKILL)
             self._process.wait()
+        self._log.close()
 
 
 class _Runs:
@@ -268,9 +271,13 @@ class TestFSDPSuitesAreStrict(unittest.TestCase):
         for pattern in run.patterns():
             failed = fnmatch.filter(result.failures, pattern)
             self.assertTrue(failed, f"{run.fault}: {pattern} did not fail{tail}")
-            self.assertTrue(
-                any(run.reason in result.failures[test] for test in failed),
-                f"{run.fault}: {pattern} failed for another reason than {run.reason!r}{tail}",
+        for module in {module for module, _ in run.targets}:
+            reports = "".join(
+                text for test, text in result.failures.items()
+                if test.startswith(f"test_cases.{module}.")
+            )
+            self.assertIn(
+                run.reason, reports, f"{run.fault}: {module} failed for another reason{tail}"
             )
 
     def test_control_selected_tests_pass_without_fault(self) -> None:
