@@ -8,9 +8,10 @@ imported by each rank itself.
 Python's forkserver is meant to preload the script that runs as `__main__` too, but up to
 at least Python 3.12 the script's path never reaches it, so every rank would import the
 script again (for a suite run as `python test_x.py`: the suite and all it imports, per rank,
-per test). So this module is itself preloaded last: imported in the forkserver while
-MAIN_PATH_ENV names the script, it loads the script the way multiprocessing loads it in a
-child, and forked ranks find it already imported.
+per test). So harness/forkserver_main.py is preloaded last: imported in the forkserver
+while MAIN_PATH_ENV names the script, it loads the script the way multiprocessing loads it
+in a child, and forked ranks find it already imported. (Last, so that the script's own
+imports of `harness` find the package fully initialised.)
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def context(test_module: str) -> Any:
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
         preload(test_module)
-        ctx.set_forkserver_preload([*_preload, __name__])
+        ctx.set_forkserver_preload([*_preload, "harness.forkserver_main"])
         _ensure_running()
     return ctx
 
@@ -81,7 +82,8 @@ def _ensure_running() -> None:
             os.environ[MAIN_PATH_ENV] = saved
 
 
-def _load_main_script_in_forkserver() -> None:
+def load_main_script_in_forkserver() -> None:
+    """In the forkserver (MAIN_PATH_ENV set): import the script ranks would re-import."""
     path = os.environ.get(MAIN_PATH_ENV)
     if not path or getattr(sys.modules["__main__"], "__file__", None) == path:
         return  # not the forkserver starting, or the script is loaded already
@@ -90,5 +92,3 @@ def _load_main_script_in_forkserver() -> None:
     except Exception:  # noqa: BLE001 - each rank imports the script again and reports the error
         return
 
-
-_load_main_script_in_forkserver()
