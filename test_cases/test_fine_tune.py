@@ -7,7 +7,7 @@ Mirrors upstream's test/distributed/fsdp/test_fsdp_fine_tune.py; runs on the ran
 
 import copy
 import sys
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -71,6 +71,41 @@ class TestFSDPFineTune(FSDPTest):
     def _ddp_device_ids(self) -> Optional[List[int]]:
         """DDP takes the rank's accelerator index, and no device_ids for CPU modules."""
         return None if self.device.type == "cpu" else [self.device.index]
+
+    def _train_in_parity_with_ddp(
+        self, seq: nn.Module, inp_requires_grad: bool, check_resharded: bool, **fsdp_kwargs: Any
+    ) -> None:
+        """Train FSDP (each Linear wrapped) and DDP copies of `seq` side by side for 6 steps.
+
+        Losses must match every step and the parameters at the end (losses alone can hide a
+        wrong update of a late layer). With `check_resharded`, every flat parameter must be
+        resharded after each step (not so for SHARD_GRAD_OP params that no gradient reaches).
+        """
+        fsdp_seq = FSDP(
+            copy.deepcopy(seq),
+            auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
+            device_id=self.device,
+            **fsdp_kwargs,
+        )
+        ddp_seq = DDP(copy.deepcopy(seq), device_ids=self._ddp_device_ids())
+        fsdp_optim = torch.optim.Adam(fsdp_seq.parameters(), lr=1e-2)
+        ddp_optim = torch.optim.Adam(ddp_seq.parameters(), lr=1e-2)
+        torch.manual_seed(self.rank + 1)
+        for _ in range(6):
+            inp = torch.randn((8, 5), device=self.device, requires_grad=inp_requires_grad)
+            losses = []
+            for model, optim in ((fsdp_seq, fsdp_optim), (ddp_seq, ddp_optim)):
+                loss = model(inp).sum()
+                losses.append(loss)
+                loss.backward()
+                optim.step()
+                optim.zero_grad()
+            torch.testing.assert_close(losses[0], losses[1])
+            if check_resharded:
+                self.assertEqual(compat.fsdp1_unsharded_handles(fsdp_seq), [])
+        with FSDP.summon_full_params(fsdp_seq):
+            for fsdp_param, ddp_param in zip(fsdp_seq.parameters(), ddp_seq.module.parameters()):
+                self.assertEqual(fsdp_param, ddp_param)
 
     def _init_seq_module(self) -> nn.Module:
         torch.manual_seed(42)
@@ -223,32 +258,14 @@ class TestFSDPFineTune(FSDPTest):
         inp_requires_grad: bool,
         forward_prefetch: bool,
     ):
-        seq = self._init_multi_traversal_module()
-        policy = ModuleWrapPolicy({nn.Linear})
-        fsdp_seq = FSDP(
-            copy.deepcopy(seq),
-            auto_wrap_policy=policy,
+        self._train_in_parity_with_ddp(
+            self._init_multi_traversal_module(),
+            inp_requires_grad=inp_requires_grad,
+            check_resharded=True,
             sharding_strategy=sharding_strategy,
             use_orig_params=use_orig_params,
             forward_prefetch=forward_prefetch,
-            device_id=self.device,
         )
-        ddp_seq = DDP(copy.deepcopy(seq), device_ids=self._ddp_device_ids())
-        fsdp_optim = torch.optim.Adam(fsdp_seq.parameters(), lr=1e-2)
-        ddp_optim = torch.optim.Adam(ddp_seq.parameters(), lr=1e-2)
-        torch.manual_seed(self.rank + 1)
-        losses = []
-        for _ in range(6):
-            inp = torch.randn((8, 5), device=self.device, requires_grad=inp_requires_grad)
-            for seq, optim in ((fsdp_seq, fsdp_optim), (ddp_seq, ddp_optim)):
-                loss = seq(inp).sum()
-                losses.append(loss)
-                loss.backward()
-                optim.step()
-                optim.zero_grad()
-            torch.testing.assert_close(losses[0], losses[1])
-            losses.clear()
-            self.assertEqual(compat.fsdp1_unsharded_handles(fsdp_seq), [])
 
     @skip_if_lt_x_gpu(2, allow_cpu=True)
     def test_parity_with_ddp(self):
@@ -273,34 +290,13 @@ class TestFSDPFineTune(FSDPTest):
         sharding_strategy: ShardingStrategy,
         use_orig_params: bool,
     ):
-        seq = self._init_seq_module()
-        policy = ModuleWrapPolicy({nn.Linear})
-        fsdp_seq = FSDP(
-            copy.deepcopy(seq),
-            auto_wrap_policy=policy,
+        self._train_in_parity_with_ddp(
+            self._init_seq_module(),
+            inp_requires_grad=False,
+            check_resharded=False,
             sharding_strategy=sharding_strategy,
             use_orig_params=use_orig_params,
-            device_id=self.device,
         )
-        ddp_seq = DDP(copy.deepcopy(seq), device_ids=self._ddp_device_ids())
-        fsdp_optim = torch.optim.Adam(fsdp_seq.parameters(), lr=1e-2)
-        ddp_optim = torch.optim.Adam(ddp_seq.parameters(), lr=1e-2)
-        torch.manual_seed(self.rank + 1)
-        losses = []
-        for _ in range(6):
-            inp = torch.randn((8, 5), device=self.device)
-            for seq, optim in ((fsdp_seq, fsdp_optim), (ddp_seq, ddp_optim)):
-                loss = seq(inp).sum()
-                losses.append(loss)
-                loss.backward()
-                optim.step()
-                optim.zero_grad()
-            torch.testing.assert_close(losses[0], losses[1])
-            losses.clear()
-        # Losses alone can hide a wrong update of a late layer: compare the parameters too
-        with FSDP.summon_full_params(fsdp_seq):
-            for fsdp_param, ddp_param in zip(fsdp_seq.parameters(), ddp_seq.module.parameters()):
-                self.assertEqual(fsdp_param, ddp_param)
 
     @skip_if_lt_x_gpu(2, allow_cpu=True)
     def test_parity_with_non_frozen_fsdp(self):
