@@ -1,0 +1,336 @@
+"""harness.outcome: every rank's record, turned into one outcome by DESIGN.md's rules.
+
+Records and events are built by hand, so each rule (pass, raise, signal, exit code, skip,
+timeout, failing grid point) is checked without starting a process.
+"""
+
+from __future__ import annotations
+
+import pickle
+import unittest
+from typing import Any, Dict, Tuple
+
+from harness.outcome import (
+    OUTPUT_TAIL_LINES,
+    Event,
+    RankRecord,
+    Shown,
+    SubtestVerdict,
+    Verdict,
+    apply_verdict,
+    decide,
+    merge_subtests,
+    output_section,
+    picklable_params,
+    signal_name,
+)
+from harness.skips import TEST_SKIPS
+
+TRACEBACK = 'Traceback (most recent call last):\n  File "t.py", line 3\nAssertionError: boom\n'
+
+
+def done(rank: int, *events: Event, count: int = 0, **fields: Any) -> RankRecord:
+    """A rank that ran to the end of its test and exited 0."""
+    fields.setdefault("exitcode", 0)
+    return RankRecord(rank=rank, events=[*events, Event(kind="done", count=count)], **fields)
+
+
+def point(params: Dict[str, Any], status: str, text: str = "") -> Event:
+    return Event(kind="subtest", params=params, status=status, text=text)
+
+
+class Decide(unittest.TestCase):
+    def test_all_ranks_pass(self) -> None:
+        records = [done(r, Event(kind="success"), count=2) for r in range(3)]
+        verdict = decide(records, None)
+        self.assertEqual(verdict, Verdict("pass", "", [], 2))
+
+    def test_rank_that_raises_fails_with_its_traceback(self) -> None:
+        records = [done(0, Event(kind="success")), done(1, Event(kind="failure", text=TRACEBACK))]
+        verdict = decide(records, None)
+        self.assertEqual(verdict.kind, "fail")
+        head, body = verdict.message.split("\n\n", 1)
+        self.assertEqual(head, "rank 1 raised")
+        self.assertEqual(body, "rank 1 raised:\n" + TRACEBACK.rstrip())
+        self.assertNotIn("rank 0", verdict.message)
+
+    def test_expected_failure_event_counts_as_raised(self) -> None:
+        records = [done(0, Event(kind="expected_failure", text="Traceback\nValueError: x"))]
+        self.assertEqual(decide(records, None).message.splitlines()[0], "rank 0 raised")
+
+    def test_rank_killed_by_signal_names_rank_and_signal(self) -> None:
+        records = [done(0, Event(kind="success")), RankRecord(rank=1, exitcode=-11)]
+        verdict = decide(records, None)
+        self.assertEqual(verdict.kind, "fail")
+        self.assertEqual(verdict.message.splitlines()[0], "rank 1 died by signal SIGSEGV")
+
+    def test_unexpected_exit_code_names_rank_and_code(self) -> None:
+        verdict = decide([done(0), RankRecord(rank=1, exitcode=3)], None)
+        self.assertEqual(verdict.kind, "fail")
+        self.assertEqual(verdict.message.splitlines()[0], "rank 1 exited with code 3")
+
+    def test_exit_0_before_the_test_finished_is_a_failure(self) -> None:
+        verdict = decide([RankRecord(rank=0, exitcode=0)], None)
+        self.assertEqual(verdict.kind, "fail")
+        self.assertEqual(
+            verdict.message.splitlines()[0], "rank 0 exited with code 0 before its test finished"
+        )
+
+    def test_every_problem_of_every_rank_is_in_the_head(self) -> None:
+        records = [
+            done(0, Event(kind="failure", text=TRACEBACK), exitcode=-6),
+            RankRecord(rank=1, exitcode=2),
+        ]
+        head = decide(records, None).message.split("\n\n")[0]
+        self.assertEqual(
+            head, "rank 0 raised; rank 0 died by signal SIGABRT; rank 1 exited with code 2"
+        )
+
+    def test_first_rank_seen_failing_comes_first(self) -> None:
+        records = [
+            RankRecord(rank=0, exitcode=5, problem_at=2.0),
+            RankRecord(rank=1, exitcode=-11, problem_at=1.0),
+        ]
+        head = decide(records, None).message.split("\n\n")[0]
+        self.assertEqual(head, "rank 1 died by signal SIGSEGV; rank 0 exited with code 5")
+
+    def test_fail_fast_stopped_ranks_show_their_stack(self) -> None:
+        records = [
+            RankRecord(rank=0, exitcode=4),
+            RankRecord(rank=1, exitcode=-9, stopped=True, stack="File b.py, in wait"),
+            RankRecord(rank=2, exitcode=-9, stopped=True),
+        ]
+        verdict = decide(records, None)
+        self.assertEqual(verdict.message.split("\n\n")[0], "rank 0 exited with code 4")
+        self.assertIn(
+            "rank 1 was still running and was stopped; its stack then:\nFile b.py, in wait\n"
+            "rank 2 was still running and was stopped; its stack then:\n"
+            "(no stack: the rank did not answer the dump signal)",
+            verdict.message,
+        )
+        self.assertNotIn("SIGKILL", verdict.message)
+
+    def test_skip_test_on_one_rank_skips_with_its_reason(self) -> None:
+        records = [done(0, Event(kind="success")), done(1, Event(kind="skip", text="needs 8 GPUs"))]
+        self.assertEqual(decide(records, None), Verdict("skip", "needs 8 GPUs", [], 0))
+
+    def test_test_skips_exit_code_skips_with_its_message(self) -> None:
+        skip = TEST_SKIPS["small_worldsize"]
+        records = [RankRecord(rank=0, exitcode=skip.exit_code), done(1)]
+        verdict = decide(records, None)
+        self.assertEqual((verdict.kind, verdict.message), ("skip", skip.message))
+
+    def test_a_failing_rank_beats_a_skipping_rank(self) -> None:
+        records = [
+            RankRecord(rank=0, exitcode=TEST_SKIPS["generic"].exit_code),
+            done(1, Event(kind="failure", text=TRACEBACK)),
+        ]
+        verdict = decide(records, None)
+        self.assertEqual(verdict.kind, "fail")
+        self.assertTrue(verdict.message.startswith("rank 1 raised"))
+
+    def test_timeout_names_running_ranks_and_shows_their_stacks(self) -> None:
+        records = [
+            done(0),
+            RankRecord(rank=1, stopped=True, exitcode=-9, stack="File a.py, line 9, in body"),
+            RankRecord(rank=2, stopped=True, exitcode=-9),
+        ]
+        verdict = decide(records, 2.5)
+        self.assertEqual(verdict.kind, "fail")
+        self.assertEqual(
+            verdict.message,
+            "timed out after 2.5 s with rank 1, rank 2 still running\n\n"
+            "Python stacks of the ranks still running:\n"
+            "--- stack of rank 1 ---\nFile a.py, line 9, in body\n"
+            "--- stack of rank 2 ---\n(no stack: the rank did not answer the dump signal)",
+        )
+
+    def test_timeout_also_reports_ranks_that_failed(self) -> None:
+        records = [RankRecord(rank=0, exitcode=7), RankRecord(rank=1, stopped=True, stack="s")]
+        message = decide(records, 60.0).message
+        self.assertTrue(message.startswith("timed out after 60 s with rank 1 still running"))
+        self.assertTrue(message.endswith("\n\nrank 0 exited with code 7"))
+
+    def test_failure_report_ends_with_every_ranks_output(self) -> None:
+        records = [
+            done(0, Event(kind="failure", text=TRACEBACK), output="hello\nworld\n"),
+            done(1, output=""),
+            done(2, output="bye"),
+        ]
+        message = decide(records, None).message
+        self.assertTrue(
+            message.endswith(
+                "captured output:\n[rank 0] hello\n[rank 0] world\n[rank 2] bye"
+            ),
+            message,
+        )
+
+    def test_grid_points_is_the_most_any_rank_ran(self) -> None:
+        verdict = decide([done(0, count=3), done(1, count=5)], None)
+        self.assertEqual(verdict.grid_points, 5)
+
+    def test_failing_grid_point_is_reported_with_its_params(self) -> None:
+        records = [
+            done(0, point({"n": 1}, "pass"), point({"n": 2}, "fail", "tb0"), count=2),
+            done(1, point({"n": 1}, "pass"), point({"n": 2}, "pass"), count=2),
+        ]
+        verdict = decide(records, None)
+        self.assertEqual(
+            verdict.subtests,
+            [
+                SubtestVerdict({"n": 1}, "pass", ""),
+                SubtestVerdict({"n": 2}, "fail", "rank 0 failed this grid point:\ntb0"),
+            ],
+        )
+
+
+class RankRecordRules(unittest.TestCase):
+    def test_no_exit_code_yet_is_not_a_problem(self) -> None:
+        self.assertEqual(RankRecord(rank=0).problems(), [])
+        self.assertFalse(RankRecord(rank=0).failed)
+
+    def test_finished_and_grid_points_come_from_done_events(self) -> None:
+        record = RankRecord(rank=0, events=[Event("done", count=2), Event("done", count=4)])
+        self.assertEqual((record.finished, record.grid_points), (True, 4))
+        self.assertEqual((RankRecord(rank=0).finished, RankRecord(rank=0).grid_points), (False, 0))
+
+    def test_skip_event_wins_over_exit_code(self) -> None:
+        record = RankRecord(
+            rank=0, events=[Event("skip", text="why")], exitcode=TEST_SKIPS["nccl"].exit_code
+        )
+        self.assertEqual(record.skip_reason(), "why")
+        self.assertIsNone(done(0).skip_reason())
+
+
+class MergeSubtests(unittest.TestCase):
+    def test_points_merge_across_ranks_in_first_seen_order(self) -> None:
+        records = [
+            RankRecord(rank=0, events=[point({"a": 2}, "pass"), point({"a": 1}, "pass")]),
+            RankRecord(rank=1, events=[point({"a": 1}, "pass"), point({"a": 3}, "pass")]),
+        ]
+        self.assertEqual(
+            [(v.params, v.status) for v in merge_subtests(records)],
+            [({"a": 2}, "pass"), ({"a": 1}, "pass"), ({"a": 3}, "pass")],
+        )
+
+    def test_param_order_does_not_split_a_point(self) -> None:
+        records = [
+            RankRecord(rank=0, events=[point({"a": 1, "b": "x"}, "pass")]),
+            RankRecord(rank=1, events=[point({"b": "x", "a": 1}, "fail", "tb")]),
+        ]
+        merged = merge_subtests(records)
+        self.assertEqual(len(merged), 1)
+        self.assertEqual(merged[0].status, "fail")
+
+    def test_every_failing_rank_text_is_kept(self) -> None:
+        records = [
+            RankRecord(rank=r, events=[point({"k": None}, "fail", f"tb{r}")]) for r in (0, 1)
+        ]
+        self.assertEqual(
+            merge_subtests(records),
+            [
+                SubtestVerdict(
+                    {"k": None},
+                    "fail",
+                    "rank 0 failed this grid point:\ntb0\nrank 1 failed this grid point:\ntb1",
+                )
+            ],
+        )
+
+    def test_skip_only_when_every_rank_skipped(self) -> None:
+        all_skip = [RankRecord(rank=r, events=[point({"p": 0}, "skip", "no")]) for r in (0, 1)]
+        self.assertEqual(merge_subtests(all_skip), [SubtestVerdict({"p": 0}, "skip", "no")])
+        one_skip = [
+            RankRecord(rank=0, events=[point({"p": 0}, "skip", "no")]),
+            RankRecord(rank=1, events=[point({"p": 0}, "pass")]),
+        ]
+        self.assertEqual(merge_subtests(one_skip), [SubtestVerdict({"p": 0}, "pass", "")])
+
+    def test_non_subtest_events_are_ignored(self) -> None:
+        records = [done(0, Event(kind="failure", text="x"), Event(kind="success"))]
+        self.assertEqual(merge_subtests(records), [])
+
+
+class SignalName(unittest.TestCase):
+    def test_known_and_unknown_signals(self) -> None:
+        self.assertEqual(signal_name(11), "SIGSEGV")
+        self.assertEqual(signal_name(9), "SIGKILL")
+        self.assertEqual(signal_name(6), "SIGABRT")
+        self.assertEqual(signal_name(999), "signal 999")
+
+
+class Picklable(unittest.TestCase):
+    def test_unpicklable_values_become_their_repr(self) -> None:
+        fn = lambda: None  # noqa: E731 (a lambda is what cannot be pickled)
+        safe = picklable_params({"n": 3, "fn": fn})
+        self.assertEqual(safe["n"], 3)
+        self.assertIsInstance(safe["fn"], Shown)
+        self.assertEqual(repr(safe["fn"]), repr(fn))
+        self.assertEqual(pickle.loads(pickle.dumps(safe)), {"n": 3, "fn": repr(fn)})
+
+
+class OutputSection(unittest.TestCase):
+    def test_long_output_keeps_its_tail(self) -> None:
+        lines = [f"line {i}" for i in range(OUTPUT_TAIL_LINES + 5)]
+        text = output_section([RankRecord(rank=3, output="\n".join(lines))]).splitlines()
+        self.assertEqual(text[:3], ["captured output:", "[rank 3] ... (5 earlier lines omitted)",
+                                    "[rank 3] line 5"])
+        self.assertEqual(text[-1], f"[rank 3] line {OUTPUT_TAIL_LINES + 4}")
+        self.assertEqual(len(text), OUTPUT_TAIL_LINES + 2)
+
+    def test_no_output_no_section(self) -> None:
+        self.assertEqual(output_section([RankRecord(rank=0), RankRecord(rank=1, output="")]), "")
+
+
+class ApplyVerdict(unittest.TestCase):
+    """apply_verdict inside a real case, executed by unittest through a TestResult."""
+
+    def run_case(self, verdict: Verdict) -> Tuple[unittest.TestResult, unittest.TestCase]:
+        class Supervised(unittest.TestCase):
+            def test_body(self) -> None:
+                apply_verdict(self, verdict)
+
+        case = Supervised("test_body")
+        result = unittest.TestResult()
+        case.run(result)
+        return result, case
+
+    def test_pass(self) -> None:
+        result, case = self.run_case(
+            Verdict("pass", "", [SubtestVerdict({"n": 1}, "pass", "")], 4)
+        )
+        self.assertTrue(result.wasSuccessful())
+        self.assertEqual((result.testsRun, result.skipped), (1, []))
+        self.assertEqual(case._grid_points_run, 4)
+
+    def test_fail(self) -> None:
+        result, case = self.run_case(Verdict("fail", "rank 1 exited with code 3", [], 0))
+        self.assertEqual(len(result.failures), 1)
+        failed, text = result.failures[0]
+        self.assertIs(failed, case)
+        self.assertIn("AssertionError: rank 1 exited with code 3", text)
+        self.assertNotIn("harness/outcome.py", text)  # the harness's own frames are hidden
+
+    def test_skip(self) -> None:
+        result, case = self.run_case(Verdict("skip", "needs 8 GPUs", [], 0))
+        self.assertEqual(result.skipped, [(case, "needs 8 GPUs")])
+        self.assertEqual(result.failures, [])
+
+    def test_failing_grid_point_is_a_subtest_failure_with_params(self) -> None:
+        subtests = [
+            SubtestVerdict({"n": 1}, "pass", ""),
+            SubtestVerdict({"n": 2, "mode": "x"}, "fail", "rank 0 failed this grid point:\ntb"),
+            SubtestVerdict({"n": 3}, "skip", "not here"),
+        ]
+        result, case = self.run_case(Verdict("fail", "rank 0 raised", subtests, 3))
+        descriptions = [(str(test), text) for test, text in result.failures]
+        self.assertEqual(len(descriptions), 2)
+        sub_desc, sub_text = descriptions[0]
+        self.assertTrue(sub_desc.endswith(" (n=2, mode='x')"), sub_desc)
+        self.assertIn("AssertionError: rank 0 failed this grid point:\ntb", sub_text)
+        self.assertEqual(descriptions[1][0], str(case))
+        self.assertIn("AssertionError: rank 0 raised", descriptions[1][1])
+        (skipped_test, reason), = result.skipped
+        self.assertTrue(str(skipped_test).endswith(" (n=3)"))
+        self.assertEqual(reason, "not here")
+
