@@ -37,9 +37,26 @@ def _same_dtype(name: str, tensors: Sequence[torch.Tensor]) -> None:
         raise TypeError(f"{name}: ranks passed different dtypes {sorted(map(str, dtypes))}")
 
 
+def _same_shape(name: str, tensors: Sequence[torch.Tensor]) -> None:
+    shapes = {tuple(t.shape) for t in tensors}
+    if len(shapes) > 1:
+        raise ValueError(f"{name}: ranks passed different shapes {sorted(shapes)}")
+
+
+def _copy(name: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.copy_(src), refusing the silent broadcasting copy_ would do on a shape mismatch."""
+    if dst.shape != src.shape:
+        raise ValueError(
+            f"{name}: a tensor of shape {tuple(src.shape)} cannot fill one of shape "
+            f"{tuple(dst.shape)}"
+        )
+    dst.copy_(src)
+
+
 def _combine(tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
     """Reduce in rank order, in the tensors' own dtype, so every rank gets identical bits."""
     _same_dtype("reduce", tensors)
+    _same_shape("reduce", tensors)
     acc = tensors[0].clone()
     floating = acc.is_floating_point() or acc.is_complex()
     if op in ("BAND", "BOR", "BXOR") and floating:
@@ -72,7 +89,7 @@ def broadcast(payloads: list, root: int) -> None:
     for rank, dst in enumerate(payloads):
         if rank != root:
             _same_dtype("broadcast", (src, dst))
-            dst.copy_(src)
+            _copy("broadcast", dst, src)
 
 
 def all_reduce(payloads: list, op: str) -> None:
@@ -93,20 +110,21 @@ def all_gather_coalesced(payloads: list) -> None:
         if len(outs) != len(inputs):
             raise ValueError(f"all_gather: {len(outs)} output tensors for {len(inputs)} ranks")
         for out, src in zip(outs, inputs):
-            out.copy_(src)
+            _copy("all_gather", out, src)
 
 
 def all_gather_coalesced_lists(payloads: list) -> None:
     for outs_per_rank, _ in payloads:
         for src_rank, (_, ins) in enumerate(payloads):
             for out, src in zip(outs_per_rank[src_rank], ins):
-                out.copy_(src)
+                _copy("all_gather_coalesced", out, src)
 
 
 def all_gather_single(payloads: list) -> None:
     for i in range(len(payloads[0][1])):
         inputs = [ins[i] for _, ins in payloads]
         _same_dtype("all_gather_single", inputs)
+        _same_shape("all_gather_single", inputs)
         flat = torch.cat([t.reshape(-1).to(inputs[0].device) for t in inputs])
         for outs, _ in payloads:
             if outs[i].numel() != flat.numel():
@@ -119,7 +137,7 @@ def all_gather_single(payloads: list) -> None:
 
 def reduce_scatter(payloads: list, op: str) -> None:
     for rank, (out, _) in enumerate(payloads):
-        out.copy_(_combine([ins[rank] for _, ins in payloads], op))
+        _copy("reduce_scatter", out, _combine([ins[rank] for _, ins in payloads], op))
 
 
 def reduce_scatter_single(payloads: list, op: str) -> None:
@@ -145,7 +163,7 @@ def reduce_scatter_single(payloads: list, op: str) -> None:
 def all_to_all(payloads: list) -> None:
     for rank, (outs, _) in enumerate(payloads):
         for src_rank, (_, ins) in enumerate(payloads):
-            outs[src_rank].copy_(ins[rank])
+            _copy("all_to_all", outs[src_rank], ins[rank])
 
 
 def _split(tensor: torch.Tensor, splits: list, size: int, what: str) -> list:
@@ -175,7 +193,7 @@ def gather(payloads: list, root: int) -> None:
     if len(outs) != len(payloads):
         raise ValueError(f"gather: root has {len(outs)} output tensors for {len(payloads)} ranks")
     for out, (_, src) in zip(outs, payloads):
-        out.copy_(src)
+        _copy("gather", out, src)
 
 
 def scatter(payloads: list, root: int) -> None:
@@ -183,4 +201,4 @@ def scatter(payloads: list, root: int) -> None:
     if len(ins) != len(payloads):
         raise ValueError(f"scatter: root has {len(ins)} input tensors for {len(payloads)} ranks")
     for (out, _), src in zip(payloads, ins):
-        out.copy_(src)
+        _copy("scatter", out, src)

@@ -96,11 +96,13 @@ class RankRecord:
             return found
         if self.exitcode < 0:
             found.append(f"rank {self.rank} died by signal {signal_name(-self.exitcode)}")
-        elif not self.finished and self.exitcode not in SKIP_BY_EXIT_CODE:
-            if self.exitcode == 0:
-                found.append(f"rank {self.rank} exited with code 0 before its test finished")
-            else:
-                found.append(f"rank {self.rank} exited with code {self.exitcode}")
+        elif self.exitcode in SKIP_BY_EXIT_CODE:
+            pass  # a skip, decided by skip_reason()
+        elif self.exitcode != 0:
+            after = " after its test finished" if self.finished else ""
+            found.append(f"rank {self.rank} exited with code {self.exitcode}{after}")
+        elif not self.finished:
+            found.append(f"rank {self.rank} exited with code 0 before its test finished")
         return found
 
     @property
@@ -112,7 +114,7 @@ def signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
     except ValueError:
-        return f"signal {number}"
+        return str(number)
 
 
 class SubtestVerdict(NamedTuple):
@@ -145,7 +147,8 @@ def decide(records: List[RankRecord], timed_out_after: Optional[float]) -> Verdi
         problems = [p for r in failing for p in r.problems()]
         head = "; ".join(p.splitlines()[0].rstrip(":") for p in problems)
         stopped = [r for r in records if r.stopped]
-        body = problems + ([stopped_section(stopped)] if stopped else [])
+        details = [p for p in problems if "\n" in p]  # one-line problems are all in the head
+        body = details + ([stopped_section(stopped)] if stopped else [])
         return Verdict("fail", report(head, body, records), subtests, grid_points)
     reasons = [reason for reason in (r.skip_reason() for r in records) if reason is not None]
     if reasons:
@@ -200,9 +203,9 @@ def output_section(records: List[RankRecord]) -> str:
     """Every rank's captured stdout/stderr, each line prefixed by its rank."""
     parts = []
     for record in records:
-        lines = record.output.splitlines()
-        if not lines:
+        if not record.output.strip():
             continue
+        lines = record.output.splitlines()
         if len(lines) > OUTPUT_TAIL_LINES:
             omitted = len(lines) - OUTPUT_TAIL_LINES
             lines = [f"... ({omitted} earlier lines omitted)"] + lines[-OUTPUT_TAIL_LINES:]

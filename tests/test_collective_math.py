@@ -321,3 +321,25 @@ class Noop(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ShapeMismatches(unittest.TestCase):
+    """Mismatched shapes are errors, never a silent broadcast by copy_."""
+
+    def test_broadcast(self) -> None:
+        with self.assertRaisesRegex(ValueError, r"broadcast: .* shape \(1,\) cannot fill .*\(3,\)"):
+            cm.broadcast([torch.tensor([7.0]), torch.zeros(3)], 0)
+
+    def test_all_gather_single_inputs_of_different_sizes(self) -> None:
+        payloads = [([torch.zeros(3)], [torch.ones(1)]), ([torch.zeros(3)], [torch.ones(2)])]
+        with self.assertRaisesRegex(ValueError, "all_gather_single: ranks passed different shapes"):
+            cm.all_gather_single(payloads)
+
+    def test_all_reduce_of_different_shapes(self) -> None:
+        with self.assertRaisesRegex(ValueError, "reduce: ranks passed different shapes"):
+            cm.all_reduce([[torch.ones(3)], [torch.ones(1)]], "SUM")
+
+    def test_gather_into_a_wrongly_sized_output(self) -> None:
+        payloads = [([torch.zeros(2), torch.zeros(2)], torch.ones(1)), ([], torch.ones(1))]
+        with self.assertRaisesRegex(ValueError, "gather: .* cannot fill"):
+            cm.gather(payloads, 0)

@@ -256,7 +256,18 @@ class SignalName(unittest.TestCase):
         self.assertEqual(signal_name(11), "SIGSEGV")
         self.assertEqual(signal_name(9), "SIGKILL")
         self.assertEqual(signal_name(6), "SIGABRT")
-        self.assertEqual(signal_name(999), "signal 999")
+        self.assertEqual(signal_name(999), "999")
+        verdict = decide([RankRecord(rank=0, exitcode=-999)], None)
+        self.assertEqual(verdict.message, "rank 0 died by signal 999")
+
+    def test_exit_code_after_the_test_finished_still_fails(self) -> None:
+        verdict = decide([RankRecord(rank=0, events=[Event("done")], exitcode=1)], None)
+        self.assertEqual(verdict.kind, "fail")
+        self.assertEqual(verdict.message, "rank 0 exited with code 1 after its test finished")
+
+    def test_one_line_problem_is_not_repeated_and_blank_output_adds_nothing(self) -> None:
+        verdict = decide([RankRecord(rank=1, exitcode=-11, output="\n")], None)
+        self.assertEqual(verdict.message, "rank 1 died by signal SIGSEGV")
 
 
 class Picklable(unittest.TestCase):
