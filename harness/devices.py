@@ -7,7 +7,7 @@ Every answer is read from the environment at call time, so `run_all.py --device 
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 
@@ -91,6 +91,26 @@ def default_timeout() -> float:
     """Per-test timeout in seconds: HARNESS_TIMEOUT, else 300."""
     timeout = _env_number(TIMEOUT_ENV, float, 0.001)
     return DEFAULT_TIMEOUT_S if timeout is None else float(timeout)
+
+
+class DefaultTimeout:
+    """Class attribute `timeout` of the multi-rank bases: default_timeout(), read when used."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> float:
+        return default_timeout()
+
+
+def checked_rank_settings(case: Any) -> Tuple[int, float]:
+    """A multi-rank case's (world_size, timeout), or a one-line error naming the bad one."""
+    name = type(case).__name__
+    world_size, timeout = case.world_size, case.timeout
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise HarnessConfigError(f"{name}.world_size must be a positive int, got {world_size!r}")
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise HarnessConfigError(
+            f"{name}.timeout must be a positive number of seconds, got {timeout!r}"
+        )
+    return world_size, timeout
 
 
 def start_method() -> str:

@@ -31,13 +31,6 @@ __unittest = True
 MAIN_PROCESS_RANK = -1
 
 
-class _DefaultTimeout:
-    """`timeout` when a class does not set one: HARNESS_TIMEOUT or 300 s, read at run time."""
-
-    def __get__(self, obj: Any, owner: Any = None) -> float:
-        return devices.default_timeout()
-
-
 class MultiProcessTestCase(TestCase):
     """Each test method runs in `world_size` fresh processes, one per rank; the parent supervises.
 
@@ -47,7 +40,7 @@ class MultiProcessTestCase(TestCase):
     """
 
     MAIN_PROCESS_RANK = MAIN_PROCESS_RANK
-    timeout: float = _DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
+    timeout: float = devices.DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
     grid_sync_timeout: float = 30.0  # seconds a rank waits for the others after a grid point
 
     def __init__(self, methodName: str = "runTest") -> None:  # noqa: N803 - unittest's naming
@@ -90,21 +83,11 @@ class MultiProcessTestCase(TestCase):
         if self.rank != MAIN_PROCESS_RANK or self._ranks is not None:
             return
         check_requirements(getattr(self, self._testMethodName))
-        world_size = self.world_size
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise devices.HarnessConfigError(
-                f"{type(self).__name__}.world_size must be a positive int, got {world_size!r}"
-            )
+        world_size, _ = devices.checked_rank_settings(self)
         if "<locals>" in type(self).__qualname__:
             raise devices.HarnessConfigError(
                 f"{type(self).__qualname__} is defined inside a function: ranks re-create the "
                 "test by importing its class, so define it at module level"
-            )
-        timeout = self.timeout
-        if not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise devices.HarnessConfigError(
-                f"{type(self).__name__}.timeout must be a positive number of seconds, "
-                f"got {timeout!r}"
             )
         group = RankGroup(world_size)
         self._ranks = group

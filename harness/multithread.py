@@ -40,13 +40,6 @@ class RankThreadStopped(BaseException):
     """Raised inside a rank thread that the supervisor stops (timeout or fail-fast)."""
 
 
-class _DefaultTimeout:
-    """Class attribute default: devices.default_timeout(), read when accessed."""
-
-    def __get__(self, obj: Any, owner: Any = None) -> float:
-        return devices.default_timeout()
-
-
 class _EventSink:
     """Collects what a rank's ForwardingResult sends (the threads' stand-in for a pipe)."""
 
@@ -152,7 +145,7 @@ class MultiThreadedTestCase(TestCase):
     """
 
     MAIN_THREAD_RANK = MAIN_THREAD_RANK
-    timeout: float = _DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
+    timeout: float = devices.DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
 
     def __init__(self, methodName: str = "runTest") -> None:  # noqa: N803 - unittest's naming
         super().__init__(methodName)
@@ -187,16 +180,7 @@ class MultiThreadedTestCase(TestCase):
         if self._thread_rank != MAIN_THREAD_RANK or self._threads is not None:
             return
         check_requirements(getattr(self, self._testMethodName))
-        world_size, timeout = self.world_size, self.timeout
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise devices.HarnessConfigError(
-                f"{type(self).__name__}.world_size must be a positive int, got {world_size!r}"
-            )
-        if not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise devices.HarnessConfigError(
-                f"{type(self).__name__}.timeout must be a positive number of seconds, "
-                f"got {timeout!r}"
-            )
+        world_size, timeout = devices.checked_rank_settings(self)
         threaded_pg.register()
         self._threads = _RankThreads(world_size, timeout)
         # Process-wide state the ranks change, restored however the test ends.

@@ -86,6 +86,30 @@ class DevicesTest(unittest.TestCase):
         with self.assertRaisesRegex(HarnessConfigError, "HARNESS_TIMEOUT='soon'"):
             devices.default_timeout()
 
+    def test_default_timeout_is_read_when_used(self):
+        class Case:
+            timeout = devices.DefaultTimeout()
+
+        os.environ["HARNESS_TIMEOUT"] = "7"
+        self.assertEqual(Case.timeout, 7.0)
+        os.environ["HARNESS_TIMEOUT"] = "9"
+        self.assertEqual(Case().timeout, 9.0)
+
+    def test_checked_rank_settings_name_the_bad_attribute(self):
+        class Case:
+            world_size, timeout = 2, 5.0
+
+        self.assertEqual(devices.checked_rank_settings(Case()), (2, 5.0))
+        for world_size in (0, True, "2"):
+            Case.world_size = world_size
+            with self.assertRaisesRegex(
+                HarnessConfigError, r"Case.world_size must be a positive int"
+            ):
+                devices.checked_rank_settings(Case())
+        Case.world_size, Case.timeout = 2, 0
+        with self.assertRaisesRegex(HarnessConfigError, r"Case.timeout must be a positive number"):
+            devices.checked_rank_settings(Case())
+
     def test_start_method(self):
         self.assertEqual(devices.start_method(), "forkserver")
         os.environ["HARNESS_START_METHOD"] = "spawn"
