@@ -12,6 +12,7 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional
 
+from harness.collective_trace import CollectiveCall, collectives_section, disagreement
 from harness.skips import SKIP_BY_EXIT_CODE
 
 # unittest hides frames of modules that define this: a verdict's report is the ranks' story,
@@ -66,6 +67,7 @@ class RankRecord:
     stopped: bool = False  # the parent killed it (fail-fast or timeout)
     output: str = ""
     stack: str = ""  # Python stack dumped just before the parent stopped it
+    collectives: Optional[List[CollectiveCall]] = None  # what it entered, when it could tell
     problem_at: float = float("inf")  # when the parent first saw this rank fail
 
     @property
@@ -141,13 +143,17 @@ def decide(records: List[RankRecord], timed_out_after: Optional[float]) -> Verdi
         running = [r for r in records if r.stopped]
         names = ", ".join(f"rank {r.rank}" for r in running)
         head = f"timed out after {timed_out_after:g} s with {names} still running"
-        body = [stacks_section(running)] + [p for r in failing for p in r.problems()]
+        body = [ranks_collectives(running), stacks_section(running)]
+        body += [p for r in failing for p in r.problems()]
         return Verdict("fail", report(head, body, records), subtests, grid_points)
     if failing:
         problems = [p for r in failing for p in r.problems()]
         head = "; ".join(p.splitlines()[0].rstrip(":") for p in problems)
         stopped = [r for r in records if r.stopped]
         details = [p for p in problems if "\n" in p]  # one-line problems are all in the head
+        calls = {r.rank: r.collectives for r in records if r.collectives is not None}
+        if stopped or disagreement(calls):
+            details.append(collectives_section(calls))
         body = details + ([stopped_section(stopped)] if stopped else [])
         return Verdict("fail", report(head, body, records), subtests, grid_points)
     reasons = [reason for reason in (r.skip_reason() for r in records) if reason is not None]
@@ -181,6 +187,11 @@ def merge_subtests(records: List[RankRecord]) -> List[SubtestVerdict]:
         else:
             verdicts.append(SubtestVerdict(point["params"], "pass", ""))
     return verdicts
+
+
+def ranks_collectives(records: List[RankRecord]) -> str:
+    """Which collective each rank is in (and where they disagree), for ranks that could tell."""
+    return collectives_section({r.rank: r.collectives for r in records})
 
 
 def stacks_section(running: List[RankRecord]) -> str:

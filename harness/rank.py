@@ -28,10 +28,12 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from harness import compat_flight_recorder
 from harness.outcome import Event, picklable_params
 from harness.skips import SKIP_BY_EXIT_CODE
 
 STACK_SIGNAL = signal.SIGUSR1  # the parent sends it to get a rank's Python stack
+COLLECTIVES_SIGNAL = signal.SIGUSR2  # ... and this one for the collectives it entered
 _PR_SET_PDEATHSIG = 1
 
 
@@ -57,6 +59,9 @@ def main(spec: RankSpec, channel: Connection) -> None:
     # Keep the garbage collector out of the objects inherited from the forkserver: a full
     # collection would walk every one of them and so copy much of the preloaded heap.
     gc.freeze()
+    # Before any thread starts, so that only the thread serving dumps ever receives it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {COLLECTIVES_SIGNAL})
+    _serve_collective_dumps(collectives_path(spec.output_path))
     _die_with_parent(spec.work_dir)
     _capture_output(spec.output_path)
     _prepare_process(spec)
@@ -76,6 +81,34 @@ def main(spec: RankSpec, channel: Connection) -> None:
     # Skips atexit handlers and destructors (e.g. of a process group the test left behind),
     # which can hang or take longer than the test itself; everything was reported above.
     os._exit(0)
+
+
+def collectives_path(output_path: str) -> str:
+    """Where a rank writes its flight-recorder dump when the parent asks for it."""
+    return f"{output_path}.collectives.json"
+
+
+def _serve_collective_dumps(path: str) -> None:
+    """Start the thread that writes the collectives this rank entered when the parent asks.
+
+    A thread, not a signal handler: a rank stuck in a collective is inside C++ with the GIL
+    released, where a Python handler of the main thread would never run.
+    """
+    threading.Thread(
+        target=_dump_collectives_on_request, args=(path,), name="harness-collectives",
+        daemon=True,
+    ).start()
+
+
+def _dump_collectives_on_request(path: str) -> None:
+    while True:
+        signal.sigwait({COLLECTIVES_SIGNAL})
+        text = compat_flight_recorder.dump_json()
+        if text is None:
+            continue
+        with open(f"{path}.tmp", "w") as f:
+            f.write(text)
+        os.replace(f"{path}.tmp", path)  # the parent never reads half a dump
 
 
 def _die_with_parent(work_dir: str) -> None:
@@ -104,9 +137,10 @@ def _clean_up_when_orphaned(sentinel: int, work_dir: str) -> None:
 
 
 def without_lifeline(stack: str) -> str:
-    """A faulthandler dump without the lifeline thread's block, which is the same in every rank."""
+    """A faulthandler dump without the harness's helper threads, the same in every rank."""
+    helpers = (_clean_up_when_orphaned.__name__, _dump_collectives_on_request.__name__)
     blocks = stack.split("\n\n")
-    return "\n\n".join(b for b in blocks if f"in {_clean_up_when_orphaned.__name__}" not in b)
+    return "\n\n".join(b for b in blocks if not any(f"in {h}" in b for h in helpers))
 
 
 def _capture_output(path: str) -> None:
@@ -129,6 +163,7 @@ def _prepare_process(spec: RankSpec) -> None:
     os.environ.clear()
     os.environ.update(spec.env)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    compat_flight_recorder.enable()  # so a hang report can say which collective each rank is in
     # Ctrl-C reaches the whole process group; the parent decides and stops the ranks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.enable(all_threads=True)

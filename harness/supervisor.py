@@ -19,13 +19,21 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Dict, List, Set
 
+from harness import collective_trace
 from harness.outcome import RankRecord
-from harness.rank import STACK_SIGNAL, RankSpec, without_lifeline
+from harness.rank import (
+    COLLECTIVES_SIGNAL,
+    STACK_SIGNAL,
+    RankSpec,
+    collectives_path,
+    without_lifeline,
+)
 from harness.rank import main as rank_main
 
 SHOW_OUTPUT_ENV = "HARNESS_SHOW_OUTPUT"
 FAIL_FAST_GRACE_S = 3.0  # once a rank failed, how long the others may still report
 STACK_DUMP_WAIT_S = 1.0  # how long a rank gets to write its stack before it is killed
+COLLECTIVES_DUMP_WAIT_S = 1.0  # ... and the collectives it entered
 STREAM_INTERVAL_S = 0.1
 
 
@@ -136,9 +144,10 @@ class RankGroup:
         return any(r.failed or r.skip_reason() is not None for r in self.records)
 
     def _stop(self, ranks: List[int]) -> None:
-        """Dump the Python stack of each rank still running into its output, then kill it."""
+        """Have each rank still running dump its collectives and Python stack, then kill it."""
         if not ranks:
             return
+        self._read_collectives(ranks)
         sizes = {rank: self._size(rank) for rank in ranks}
         for rank in ranks:
             self._signal(rank, STACK_SIGNAL)
@@ -157,6 +166,21 @@ class RankGroup:
             self.records[rank].stopped = True
             self.records[rank].exitcode = self.processes[rank].exitcode
             self._stack_from[rank] = sizes[rank]
+
+    def _read_collectives(self, ranks: List[int]) -> None:
+        """Ask the ranks for their flight-recorder logs; a rank that does not answer is unknown."""
+        paths = {rank: collectives_path(self.output_path(rank)) for rank in ranks}
+        for rank in ranks:
+            self._signal(rank, COLLECTIVES_SIGNAL)
+        until = time.monotonic() + COLLECTIVES_DUMP_WAIT_S
+        while time.monotonic() < until and not all(map(os.path.exists, paths.values())):
+            time.sleep(0.02)
+        for rank, path in paths.items():
+            try:
+                with open(path) as f:
+                    self.records[rank].collectives = collective_trace.from_flight_recorder(f.read())
+            except (OSError, ValueError):
+                pass
 
     def _signal(self, rank: int, signum: int) -> None:
         try:

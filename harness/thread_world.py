@@ -17,12 +17,17 @@ harness/threaded_pg.py adapts it to a process group, harness/collective_math.py 
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional, Sequence
+from collections import deque
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
+from harness.collective_trace import DEFAULT_GROUP, CollectiveCall, tensor_text
+
 Payload = Any
+DEFAULT_GROUP_NAME = "0"  # c10d names a thread's first group, its default group, "0"
+ENTERED_KEPT = 64  # collectives remembered per rank for the hang report
 OpFn = Callable[[list], None]
 
 
@@ -71,6 +76,9 @@ class ThreadedWorld:
         self._sync_labels: dict[int, str] = {}
         self._sync_generation = 0
         self._sync_agreed: dict[int, bool] = {}  # generation -> every rank had the same label
+        # rank -> its latest collectives (call, group name, number on the group, inputs), so a
+        # hang report can say where each rank is; bounded, and without tensor references.
+        self._entered: dict[int, deque] = {r: deque(maxlen=ENTERED_KEPT) for r in range(world_size)}
 
     # --- aborting and leaving -------------------------------------------------------
     def abort(self, reason: str) -> None:
@@ -100,6 +108,7 @@ class ThreadedWorld:
         """Deposit this rank's payload for its next call on the group; the last rank computes."""
         group_rank = members.index(global_rank)
         _settle_streams(payload)  # this rank's inputs are ready before another thread reads them
+        inputs = _tensor_specs(payload)
         with self._cond:
             if self._failure is not None:
                 raise RankReleased(f"{name} on rank {global_rank}: run aborted: {self._failure}")
@@ -119,6 +128,7 @@ class ThreadedWorld:
                     f"{name}({', '.join(str(s) for s in signature)})"
                 )
                 self._cond.notify_all()
+            self._entered[global_rank].append((coll, name, group_key[0], seq + 1, inputs))
             coll.payloads[group_rank] = payload
             coll.arrived[group_rank] = True
             last = all(coll.arrived)
@@ -174,6 +184,21 @@ class ThreadedWorld:
             f"waiting for ranks {missing}"
         )
 
+    def entered(self, rank: int) -> List[CollectiveCall]:
+        """The latest collectives `rank` entered, oldest first, and whether each completed."""
+        with self._cond:
+            entries = list(self._entered[rank])
+        return [
+            CollectiveCall(
+                op=name,
+                group=DEFAULT_GROUP if group == DEFAULT_GROUP_NAME else f"group {group}",
+                seq=seq,
+                inputs=tuple(tensor_text(dtype, shape) for dtype, shape in inputs),
+                completed=coll.done and coll.error is None,
+            )
+            for coll, name, group, seq, inputs in entries
+        ]
+
     def _blocker(self, coll: Collective) -> Optional[str]:
         if self._failure is not None:
             return f"run aborted: {self._failure}"
@@ -226,6 +251,21 @@ class ThreadedWorld:
         self._sync_labels.clear()
 
 
+def _tensors_in(payload: Any) -> Iterator[torch.Tensor]:
+    stack = [payload]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            yield item
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+
+
+def _tensor_specs(payload: Any) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
+    """(dtype name, shape) of each tensor of a payload: enough to describe it, nothing held."""
+    return tuple((str(t.dtype).replace("torch.", ""), tuple(t.shape)) for t in _tensors_in(payload))
+
+
 def _settle_streams(payload: Any) -> None:
     """Wait for this thread's current CUDA streams on the devices of `payload`'s tensors.
 
@@ -235,14 +275,7 @@ def _settle_streams(payload: Any) -> None:
     """
     if not torch.cuda.is_initialized():
         return
-    stack, devices = [payload], set()
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            if item.is_cuda:
-                devices.add(item.device)
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
+    devices = {t.device for t in _tensors_in(payload) if t.is_cuda}
     for device in devices:
         torch.cuda.current_stream(device).synchronize()
 
