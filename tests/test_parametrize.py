@@ -5,8 +5,9 @@ import unittest
 
 import torch
 
-from harness import TestCase, instantiate_parametrized_tests, parametrize, run_subtests
+from harness import TestCase, instantiate_parametrized_tests, parametrize, run_subtests, subtest
 from harness.skips import REQUIREMENTS_ATTR, skip_if_lt_x_gpu
+from tests.upstream_style.ids_declarations import declare, upstream_declarations
 
 
 class Strategy(enum.Enum):
@@ -19,7 +20,7 @@ def _test_names(cls):
 
 
 class ParametrizeTest(unittest.TestCase):
-    def test_names_are_identifiers_with_enum_members_and_none(self):
+    def test_names_follow_upstream_enum_members_and_none_by_index(self):
         calls = []
 
         class Case(TestCase):
@@ -37,8 +38,8 @@ class ParametrizeTest(unittest.TestCase):
             [
                 "test_device_id_use_index_False",
                 "test_device_id_use_index_True",
-                "test_strategy_sharding_strategy_NO_SHARD",
-                "test_strategy_sharding_strategy_None",
+                "test_strategy_sharding_strategy0",
+                "test_strategy_sharding_strategy1",
             ],
         )
         result = unittest.TestResult()
@@ -48,7 +49,7 @@ class ParametrizeTest(unittest.TestCase):
             sorted(calls, key=repr), sorted([True, False, Strategy.NO_SHARD, None], key=repr)
         )
 
-    def test_stacked_decorators_give_the_product_in_written_order(self):
+    def test_stacked_decorators_give_the_product_named_top_first(self):
         seen = []
 
         class Case(TestCase):
@@ -62,28 +63,84 @@ class ParametrizeTest(unittest.TestCase):
             _test_names(Case),
             [
                 "test_grid_a_1_b_1_5",
-                "test_grid_a_1_b_x_y",
+                "test_grid_a_1_b_x y",
                 "test_grid_a_2_b_1_5",
-                "test_grid_a_2_b_x_y",
+                "test_grid_a_2_b_x y",
             ],
         )
-        for name in _test_names(Case):
-            self.assertTrue(name.isidentifier(), name)
         unittest.defaultTestLoader.loadTestsFromTestCase(Case).run(unittest.TestResult())
         self.assertEqual(
             sorted(seen, key=repr), sorted([(1, "x y"), (1, 1.5), (2, "x y"), (2, 1.5)], key=repr)
         )
 
-    def test_template_method_is_removed(self):
+    def test_comma_names_name_fn_and_subtests(self):
+        seen = []
+
+        @instantiate_parametrized_tests
+        class Case(TestCase):
+            @parametrize("a,b", [(1, Strategy.FULL_SHARD), subtest((2, None), name="two")])
+            def test_pair(self, a, b):
+                seen.append((a, b))
+
+            @parametrize("x", [3, 4], name_fn=lambda x: f"n{x}")
+            def test_named(self, x):
+                seen.append(x)
+
+            @parametrize("x", [subtest(5, decorators=[unittest.skip("not five")]), 6])
+            def test_skip_one(self, x):
+                seen.append(x)
+
+        self.assertEqual(
+            _test_names(Case),
+            ["test_named_n3", "test_named_n4", "test_pair_a_1_b0", "test_pair_two",
+             "test_skip_one_x_5", "test_skip_one_x_6"],
+        )
+        result = unittest.TestResult()
+        unittest.defaultTestLoader.loadTestsFromTestCase(Case).run(result)
+        self.assertTrue(result.wasSuccessful())
+        self.assertEqual([reason for _, reason in result.skipped], ["not five"])
+        self.assertEqual(
+            sorted(seen, key=repr),
+            sorted([(1, Strategy.FULL_SHARD), (2, None), 3, 4, 6], key=repr),
+        )
+
+    def test_two_variants_with_one_name_are_an_error(self):
+        class Case(TestCase):
+            @parametrize("x", [1, 2], name_fn=lambda x: "same")
+            def test_x(self, x):
+                pass
+
+        with self.assertRaisesRegex(ValueError, "Redefinition of test test_x_same in Case"):
+            instantiate_parametrized_tests(Case)
+
+    def test_wrong_number_of_values_for_comma_names_is_an_error(self):
+        message = r"parametrize\('a,b'\): entry 1 has 3 values for 2 names"
+        with self.assertRaisesRegex(ValueError, message):
+            parametrize("a,b", [(1, 2), (1, 2, 3)])
+
+    def test_generated_methods_are_not_parametrized_again_in_a_subclass(self):
+        @instantiate_parametrized_tests
+        class Base(TestCase):
+            @parametrize("x", [1])
+            def test_x(self, x):
+                pass
+
+        @instantiate_parametrized_tests
+        class Child(Base):
+            pass
+
+        self.assertEqual(
+            sorted(unittest.defaultTestLoader.getTestCaseNames(Child)), ["test_x_x_1"]
+        )
+
+    def test_template_method_is_removed_and_dtypes_named_alone(self):
         class Case(TestCase):
             @parametrize("dtype", [torch.float16, torch.bfloat16])
             def test_dtype(self, dtype):
                 pass
 
         instantiate_parametrized_tests(Case)
-        self.assertEqual(
-            _test_names(Case), ["test_dtype_dtype_bfloat16", "test_dtype_dtype_float16"]
-        )
+        self.assertEqual(_test_names(Case), ["test_dtype_bfloat16", "test_dtype_float16"])
 
     def test_skip_requirements_survive_generation(self):
         class Case(TestCase):
@@ -113,6 +170,18 @@ class ParametrizeTest(unittest.TestCase):
             @parametrize("a", [2])
             def test_x(self, a):
                 pass
+
+
+class DifferentialIdsTest(unittest.TestCase):
+    """The same declarations under upstream's installed harness and this one: same ids."""
+
+    def test_generated_ids_kwargs_and_outcomes_match_upstream(self):
+        ours = {k: v for k, v in declare("harness").items() if not k.startswith("device_")}
+        theirs = {k: v for k, v in upstream_declarations().items() if not k.startswith("device_")}
+        self.assertGreater(len(theirs), 60)
+        self.assertEqual(sorted(ours), sorted(theirs))
+        for key in theirs:
+            self.assertEqual(ours[key], theirs[key], key)
 
 
 class RunSubtestsTest(unittest.TestCase):
