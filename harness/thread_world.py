@@ -193,7 +193,9 @@ class ThreadedWorld:
                 op=name,
                 group=DEFAULT_GROUP if group == DEFAULT_GROUP_NAME else f"group {group}",
                 seq=seq,
-                inputs=tuple(tensor_text(dtype, shape) for dtype, shape in inputs),
+                inputs=tuple(
+                    tensor_text(str(dtype).replace("torch.", ""), shape) for dtype, shape in inputs
+                ),
                 completed=coll.done and coll.error is None,
             )
             for coll, name, group, seq, inputs in entries
@@ -261,9 +263,9 @@ def _tensors_in(payload: Any) -> Iterator[torch.Tensor]:
             stack.extend(reversed(item))
 
 
-def _tensor_specs(payload: Any) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
-    """(dtype name, shape) of each tensor of a payload: enough to describe it, nothing held."""
-    return tuple((str(t.dtype).replace("torch.", ""), tuple(t.shape)) for t in _tensors_in(payload))
+def _tensor_specs(payload: Any) -> Tuple[Tuple[torch.dtype, torch.Size], ...]:
+    """(dtype, shape) of each tensor of a payload: enough to describe it, no tensor held."""
+    return tuple((t.dtype, t.shape) for t in _tensors_in(payload))
 
 
 def _settle_streams(payload: Any) -> None:
