@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness import TEST_WITH_DEV_DBG_ASAN, FSDPTest, compat, run_tests, skip_if_lt_x_gpu
 from harness.devices import default_world_size
+from harness.fsdp1_grads import assert_fsdp1_grads_equal, named_grads
 
 if not dist.is_available():
     print("Distributed not available, skipping tests", file=sys.stderr)
@@ -77,9 +78,11 @@ class TestFSDPFineTune(FSDPTest):
     ) -> None:
         """Train FSDP (each Linear wrapped) and DDP copies of `seq` side by side for 6 steps.
 
-        Losses must match every step and the parameters at the end (losses alone can hide a
-        wrong update of a late layer). With `check_resharded`, every flat parameter must be
-        resharded after each step (not so for SHARD_GRAD_OP params that no gradient reaches).
+        After each backward, before the optimizer steps, FSDP's unsharded gradients must equal
+        DDP's (Adam barely sees a wrongly scaled gradient, so losses alone would not); losses
+        must match every step and the parameters at the end (losses alone can hide a wrong
+        update of a late layer). With `check_resharded`, every flat parameter must be resharded
+        after each step (not so for SHARD_GRAD_OP params that no gradient reaches).
         """
         fsdp_seq = FSDP(
             copy.deepcopy(seq),
@@ -94,10 +97,12 @@ class TestFSDPFineTune(FSDPTest):
         for _ in range(6):
             inp = torch.randn((8, 5), device=self.device, requires_grad=inp_requires_grad)
             losses = []
-            for model, optim in ((fsdp_seq, fsdp_optim), (ddp_seq, ddp_optim)):
+            for model in (fsdp_seq, ddp_seq):
                 loss = model(inp).sum()
                 losses.append(loss)
                 loss.backward()
+            assert_fsdp1_grads_equal(self, fsdp_seq, named_grads(ddp_seq.module))
+            for optim in (fsdp_optim, ddp_optim):
                 optim.step()
                 optim.zero_grad()
             torch.testing.assert_close(losses[0], losses[1])
@@ -106,6 +111,14 @@ class TestFSDPFineTune(FSDPTest):
         with FSDP.summon_full_params(fsdp_seq):
             for fsdp_param, ddp_param in zip(fsdp_seq.parameters(), ddp_seq.module.parameters()):
                 self.assertEqual(fsdp_param, ddp_param)
+
+    @torch.no_grad()
+    def _copy_full_params(self, fsdp_model: FSDP, module: nn.Module) -> None:
+        """Set `module`'s parameters to `fsdp_model`'s unsharded ones (same unwrapped names)."""
+        with FSDP.summon_full_params(fsdp_model):
+            full = dict(fsdp_model.named_parameters())
+            for name, param in module.named_parameters():
+                param.copy_(full[name])
 
     def _init_seq_module(self) -> nn.Module:
         torch.manual_seed(42)
@@ -344,6 +357,9 @@ class TestFSDPFineTune(FSDPTest):
             )
         torch.manual_seed(42)
         model = ModelUnusedInput(freeze=True, device=self.device)
+        # The unsharded full-precision reference for gradients: both FSDP models reduce theirs
+        # the same way, so only a reference outside FSDP sees a wrong reduction
+        grad_ref = DDP(copy.deepcopy(model), device_ids=self._ddp_device_ids())
         torch.manual_seed(42)
         ref_model = ModelUnusedInput(freeze=False, device=self.device)
         fsdp_kwargs = {
@@ -366,16 +382,27 @@ class TestFSDPFineTune(FSDPTest):
             ],
             lr=1e-2,
         )
+        # fp16 compute and reduction against the fp32 reference: a few fp16 ulps of the sums
+        tolerance = {"atol": 1e-2, "rtol": 1e-2} if mixed_precision.param_dtype else {}
+        # The non-frozen model's frozen layer is left out of its optimizer, so its gradient
+        # only accumulates; the frozen model must have none there, as the reference
+        untrained = [n for n, _ in grad_ref.module.named_parameters() if n.startswith("layer1")]
         torch.manual_seed(self.rank + 1)
         losses = []
         for _ in range(6):
             frozen_input = torch.randn((4, 4), device=self.device, requires_grad=False)
-            for _model, _optim in ((model, model_optim), (ref_model, ref_model_optim)):
+            self._copy_full_params(model, grad_ref.module)
+            for _model in (model, ref_model, grad_ref):
                 loss = _model(frozen_input, frozen_input).sum()
                 losses.append(loss)
                 loss.backward()
+            expected = named_grads(grad_ref.module)
+            assert_fsdp1_grads_equal(self, model, expected, **tolerance)
+            assert_fsdp1_grads_equal(self, ref_model, expected, skip=untrained, **tolerance)
+            for _optim in (model_optim, ref_model_optim):
                 _optim.step()
                 _optim.zero_grad()
+            grad_ref.zero_grad()
             self.assertEqual(losses[0], losses[1])
             losses.clear()
         with FSDP.summon_full_params(model):
