@@ -7,6 +7,7 @@ Every answer is read from the environment at call time, so `run_all.py --device 
 from __future__ import annotations
 
 import os
+import unittest
 from typing import Any, Optional, Tuple
 
 import torch
@@ -20,6 +21,12 @@ DEVICE_CHOICES = ("cpu", "cuda")
 START_METHODS = ("forkserver", "spawn")
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_CPU_WORLD_SIZE = 2
+
+
+# Upstream's common_cuda flags, read once at import as upstream does; HARNESS_DEVICE=cpu
+# turns them off, since the harness then runs everything on CPU.
+TEST_CUDA = torch.cuda.is_available() and os.environ.get(DEVICE_ENV) != "cpu"
+TEST_MULTIGPU = TEST_CUDA and torch.cuda.device_count() >= 2
 
 
 class HarnessConfigError(ValueError):
@@ -101,9 +108,18 @@ class DefaultTimeout:
 
 
 def checked_rank_settings(case: Any) -> Tuple[int, float]:
-    """A multi-rank case's (world_size, timeout), or a one-line error naming the bad one."""
+    """A multi-rank case's (world_size, timeout), or a one-line error naming the bad one.
+
+    A world size of 0 (typically computed from an accelerator count on a machine without
+    one) is a skip saying why, not an error and not a pass: there is nothing to run.
+    """
     name = type(case).__name__
     world_size, timeout = case.world_size, case.timeout
+    if world_size == 0 and isinstance(world_size, int) and not isinstance(world_size, bool):
+        raise unittest.SkipTest(
+            f"{name}.world_size is 0: no ranks to start "
+            f"({accelerator_count()} accelerators found)"
+        )
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise HarnessConfigError(f"{name}.world_size must be a positive int, got {world_size!r}")
     if not isinstance(timeout, (int, float)) or timeout <= 0:

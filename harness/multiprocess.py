@@ -15,12 +15,13 @@ import unittest
 from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
+import torch
 import torch.distributed as dist
 
 from harness import devices, forkserver
 from harness.outcome import RankRecord, apply_verdict, decide
 from harness.rank import RankSpec
-from harness.skips import check_requirements
+from harness.skips import check_case_requirements
 from harness.supervisor import RankGroup
 from harness.testcase import TestCase, route_test_method
 
@@ -70,10 +71,36 @@ class MultiProcessTestCase(TestCase):
         launched = self._torchrun
         return launched[1] if launched is not None else devices.default_world_size()
 
+    @property
+    def destroy_pg_upon_exit(self) -> bool:
+        """Whether a rank destroys the default group its test left initialised (upstream: True).
+
+        Subclasses that destroy it themselves may return False, as upstream's FSDPTest does.
+        """
+        return True
+
+    @property
+    def is_master(self) -> bool:
+        """Whether this is rank 0 (False in the supervising parent)."""
+        return self.rank == 0
+
     def setUp(self) -> None:
         super().setUp()
         self._spawn_processes()
 
+    def doCleanups(self) -> Any:  # noqa: N802 - unittest's naming
+        """After tearDown and the test's cleanups, a rank destroys the group it left behind.
+
+        As upstream, only when the test did not fail in this rank: a failed rank's peers may
+        still be inside a collective with it.
+        """
+        outcome = super().doCleanups()
+        if (
+            self.rank != MAIN_PROCESS_RANK and self.destroy_pg_upon_exit
+            and not self._rank_failed() and dist.is_initialized()
+        ):
+            dist.destroy_process_group()
+        return outcome
 
     def _spawn_processes(self) -> None:
         """Start the ranks (parent only; a no-op in a rank and when already started)."""
@@ -82,7 +109,7 @@ class MultiProcessTestCase(TestCase):
             return
         if self.rank != MAIN_PROCESS_RANK or self._ranks is not None:
             return
-        check_requirements(getattr(self, self._testMethodName))
+        check_case_requirements(self)
         world_size, _ = devices.checked_rank_settings(self)
         if "<locals>" in type(self).__qualname__:
             raise devices.HarnessConfigError(
@@ -140,7 +167,7 @@ class MultiProcessTestCase(TestCase):
 
     def _check_torchrun_world_size(self) -> None:
         assert self._torchrun is not None
-        check_requirements(getattr(self, self._testMethodName))
+        check_case_requirements(self)
         launched = self._torchrun[1]
         if self.world_size != launched:
             raise unittest.SkipTest(
@@ -184,3 +211,67 @@ class MultiProcessTestCase(TestCase):
         except RuntimeError:
             pass
         return store.compare_set(f"{point}/verdict", "", "abandoned") == b"go"
+
+
+class DistributedTestBase(MultiProcessTestCase):
+    """Upstream's base for device-generic multi-rank tests: a test makes its own group.
+
+    A test (typically instantiated per device type, so it receives `device`) calls
+    `self.create_pg(device)`; the backend follows the device (`backend(device)`), and the
+    group is destroyed after the test. The world size is exported as WORLD_SIZE, as
+    upstream does, for tests and decorators that read it from the environment.
+    """
+
+    def setUp(self) -> None:
+        previous = os.environ.get("WORLD_SIZE")
+        os.environ["WORLD_SIZE"] = str(self.world_size)
+        self.addCleanup(_restore_env, "WORLD_SIZE", previous)
+        super().setUp()
+
+    def tearDown(self) -> None:
+        if self.rank != MAIN_PROCESS_RANK and dist.is_initialized():
+            dist.destroy_process_group()
+        super().tearDown()
+
+    def backend(self, device: str) -> str:
+        """The collective backend for a device string: nccl, hccl, xccl, else gloo."""
+        for kind, backend in (("cuda", "nccl"), ("hpu", "hccl"), ("xpu", "xccl")):
+            if kind in device:
+                return backend
+        return "gloo"
+
+    def create_pg(self, device: str, world_size: Optional[int] = None) -> dist.ProcessGroup:
+        """Initialise the default group for `device` through this test's rendezvous; return it.
+
+        With an accelerator backend the rank's accelerator becomes the current and default
+        device, as upstream.
+        """
+        backend = self.backend(device)
+        dist.init_process_group(
+            backend=backend,
+            init_method=self.init_method,
+            world_size=self.world_size if world_size is None else world_size,
+            rank=self.rank,
+        )
+        if backend in ("nccl", "xccl"):
+            accelerator = torch.accelerator.current_accelerator()
+            if accelerator is None:
+                raise RuntimeError(
+                    f"create_pg({device!r}): the {backend} backend needs an accelerator and "
+                    "none was found"
+                )
+            torch.accelerator.set_device_index(self.rank)
+            torch.set_default_device(torch.device(accelerator.type, self.rank))
+        return dist.group.WORLD
+
+    def rank_to_device(self, device: str) -> Dict[int, List[int]]:
+        """Each rank's device indices (upstream's DDP `device_ids` map): rank mod device count."""
+        count = torch.get_device_module(device).device_count()
+        return {rank: [rank % count] for rank in range(self.world_size)}
+
+
+def _restore_env(name: str, value: Optional[str]) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value

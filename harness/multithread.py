@@ -27,7 +27,7 @@ import torch.distributed as dist
 from harness import compat, devices, thread_world, threaded_pg
 from harness.outcome import Event, RankRecord, apply_verdict, decide
 from harness.rank import ForwardingResult, format_error
-from harness.skips import check_requirements
+from harness.skips import check_case_requirements
 from harness.testcase import TestCase, route_test_method
 from harness.thread_warnings import per_thread_warnings
 
@@ -160,9 +160,19 @@ class MultiThreadedTestCase(TestCase):
         """This thread's rank (each rank thread runs its own instance); -1 in the supervisor."""
         return self._thread_rank
 
+    @rank.setter
+    def rank(self, rank: int) -> None:
+        # Upstream's rank is a plain attribute; which role an instance plays follows it.
+        self._thread_rank = rank
+
     @property
     def world_size(self) -> int:
         return devices.default_world_size()
+
+    @property
+    def is_master(self) -> bool:
+        """Whether this is rank 0 (False in the supervisor)."""
+        return self.rank == 0
 
     def setUp(self) -> None:
         if self._thread_rank == MAIN_THREAD_RANK:
@@ -172,14 +182,39 @@ class MultiThreadedTestCase(TestCase):
             # Rank threads share the process's generators: reseeding them from every rank
             # thread would race with ranks already drawing numbers. Skip TestCase's seeding.
             super(TestCase, self).setUp()
+            self.perThreadSetUp()
 
+    def tearDown(self) -> None:
+        if self._thread_rank != MAIN_THREAD_RANK:
+            self.perThreadTearDown()
+        super().tearDown()
+
+    def perThreadSetUp(self) -> None:  # noqa: N802 - upstream's name
+        """Upstream's hook: runs in every rank thread before the test body."""
+
+    def perThreadTearDown(self) -> None:  # noqa: N802 - upstream's name
+        """Upstream's hook: runs in every rank thread after the test body."""
+
+    def assertEqualOnRank(  # noqa: N802 - upstream's name
+        self, x: Any, y: Any, msg: Optional[str] = None, *, rank: int = 0
+    ) -> None:
+        """assertEqual only on `rank`: rank threads share one CPU generator (upstream's helper)."""
+        if self.rank == rank:
+            self.assertEqual(x, y, msg)
+
+    def assertNotEqualOnRank(  # noqa: N802 - upstream's name
+        self, x: Any, y: Any, msg: Optional[str] = None, *, rank: int = 0
+    ) -> None:
+        """assertNotEqual only on `rank`."""
+        if self.rank == rank:
+            self.assertNotEqual(x, y, msg)
 
     # --- supervisor ---------------------------------------------------------------------
     def _spawn_threads(self) -> None:
         """Start the rank threads (supervisor only; a no-op in a rank and when started)."""
         if self._thread_rank != MAIN_THREAD_RANK or self._threads is not None:
             return
-        check_requirements(getattr(self, self._testMethodName))
+        check_case_requirements(self)
         world_size, timeout = devices.checked_rank_settings(self)
         threaded_pg.register()
         self._threads = _RankThreads(world_size, timeout)
@@ -203,6 +238,8 @@ class MultiThreadedTestCase(TestCase):
             )
         timeout = self.timeout
         timed_out = threads.supervise(timeout)
+        for record in threads.records:
+            record.collectives = threads.world.entered(record.rank)
         apply_verdict(self, decide(threads.records, timeout if timed_out else None))
 
     # --- rank threads ----------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """harness.devices: env knobs for device, world size, timeout, start method, torchrun."""
 
 import os
+import subprocess
+import sys
 import unittest
 from unittest import mock
 
@@ -100,7 +102,7 @@ class DevicesTest(unittest.TestCase):
             world_size, timeout = 2, 5.0
 
         self.assertEqual(devices.checked_rank_settings(Case()), (2, 5.0))
-        for world_size in (0, True, "2"):
+        for world_size in (-1, True, False, "2", 2.0, None):
             Case.world_size = world_size
             with self.assertRaisesRegex(
                 HarnessConfigError, r"Case.world_size must be a positive int"
@@ -109,6 +111,29 @@ class DevicesTest(unittest.TestCase):
         Case.world_size, Case.timeout = 2, 0
         with self.assertRaisesRegex(HarnessConfigError, r"Case.timeout must be a positive number"):
             devices.checked_rank_settings(Case())
+
+    def test_world_size_zero_is_a_skip_saying_why(self):
+        class Case:
+            world_size, timeout = 0, 5.0
+
+        with mock.patch.object(torch.cuda, "device_count", return_value=0):
+            with self.assertRaises(unittest.SkipTest) as caught:
+                devices.checked_rank_settings(Case())
+        self.assertEqual(
+            str(caught.exception),
+            "Case.world_size is 0: no ranks to start (0 accelerators found)",
+        )
+
+    def test_upstream_cuda_flags_follow_the_machine_and_forced_cpu(self):
+        code = "import harness; print(harness.TEST_CUDA, harness.TEST_MULTIGPU)"
+        cuda = torch.cuda.is_available()
+        for forced, expected in (("", f"{cuda} {cuda and torch.cuda.device_count() >= 2}"),
+                                 ("cpu", "False False")):
+            out = subprocess.run(
+                [sys.executable, "-c", code], env=dict(os.environ, HARNESS_DEVICE=forced),
+                capture_output=True, text=True, check=True,
+            ).stdout.strip()
+            self.assertEqual(out, expected)
 
     def test_start_method(self):
         self.assertEqual(devices.start_method(), "forkserver")

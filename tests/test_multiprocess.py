@@ -19,9 +19,12 @@ import unittest
 from typing import Any, Dict, List, Optional, Tuple
 from unittest import mock
 
-from harness import torchrun
+import torch.distributed as dist
+
+from harness import devices, torchrun
 from harness.devices import HarnessConfigError
-from harness.skips import TEST_SKIPS
+from harness.multiprocess import DistributedTestBase, MultiProcessTestCase
+from harness.skips import TEST_SKIPS, skip_if_no_gpu
 from tests import fault_cases
 from tests.fault_cases import FAULT_DIR_ENV
 
@@ -240,12 +243,34 @@ class TestIsolation(FaultTestBase):
         self.assertTrue(all(not _alive(r.pid) for r in case.rank_records))
 
     def test_bad_world_size_is_a_one_line_error(self) -> None:
-        case = fault_cases.BadWorldSize("test_nothing")
+        class Negative(fault_cases.BadWorldSize):
+            world_size = -1
+
         with self.assertRaises(HarnessConfigError) as caught:
-            case._spawn_processes()
+            Negative("test_nothing")._spawn_processes()
         self.assertEqual(
-            str(caught.exception), "BadWorldSize.world_size must be a positive int, got 0"
+            str(caught.exception), "Negative.world_size must be a positive int, got -1"
         )
+
+    def test_world_size_zero_is_a_skip_that_starts_no_rank(self) -> None:
+        case, result = self.run_case(fault_cases.BadWorldSize, "test_nothing")
+        self.assertEqual((result.failures, result.errors), ([], []))
+        self.assertEqual(
+            [reason for _, reason in result.skipped],
+            ["BadWorldSize.world_size is 0: no ranks to start "
+             f"({devices.accelerator_count()} accelerators found)"],
+        )
+        self.assertEqual((case.processes, case.rank_records, case.file_name), ([], [], None))
+        self.assertFalse(os.path.exists(os.path.join(self.fault_dir, "started")))
+
+    def test_per_rank_accelerator_requirement_starts_no_rank(self) -> None:
+        class NeedsGpus(fault_cases.Passing):
+            test_all_reduce = skip_if_no_gpu(fault_cases.Passing.test_all_reduce)
+
+        with mock.patch.object(devices, "accelerator_count", return_value=1):
+            case, result = self.run_case(NeedsGpus, "test_all_reduce")
+        self.assertEqual(result.skipped[0][1], "Need at least 2 CUDA devices, found 1")
+        self.assertEqual((case.processes, case.file_name), ([], None))
 
     def test_class_defined_in_a_function_is_a_one_line_error(self) -> None:
         class Local(fault_cases.Passing):
@@ -283,6 +308,52 @@ class TestIsolation(FaultTestBase):
 
     def test_killed_parent_leaves_no_orphans(self) -> None:
         self._run_parent_then(signal.SIGKILL)
+
+
+class TestRankSideOfTheBase(unittest.TestCase):
+    """What a rank does after its test, run here by making this process the only rank."""
+
+    def run_as_rank(self, destroy: bool) -> Tuple[unittest.TestResult, bool]:
+        folder = tempfile.mkdtemp(prefix="harness-destroy-")
+        self.addCleanup(lambda: __import__("shutil").rmtree(folder, ignore_errors=True))
+
+        class LeavesGroup(MultiProcessTestCase):
+            world_size = 1
+            destroy_pg_upon_exit = destroy
+
+            def test_leaves_group(self) -> None:
+                dist.init_process_group(
+                    "gloo", init_method=f"file://{folder}/rendezvous", rank=0, world_size=1
+                )
+
+        case = LeavesGroup("test_leaves_group")
+        case.rank = 0
+        result = unittest.TestResult()
+        with mock.patch.dict(os.environ, {"GLOO_SOCKET_IFNAME": "lo"}):
+            case.run(result)
+        left = dist.is_initialized()
+        if left:
+            dist.destroy_process_group()
+        return result, left
+
+    def test_destroy_pg_upon_exit(self) -> None:
+        self.assertTrue(MultiProcessTestCase("run").destroy_pg_upon_exit)
+        result, left = self.run_as_rank(destroy=True)
+        self.assertEqual((result.failures, result.errors, left), ([], [], False))
+        result, left = self.run_as_rank(destroy=False)
+        self.assertEqual((result.failures, result.errors, left), ([], [], True))
+
+    def test_is_master_and_distributed_test_base_helpers(self) -> None:
+        case = DistributedTestBase("run")
+        self.assertFalse(case.is_master)  # the supervising parent is no rank
+        case.rank = 0
+        self.assertTrue(case.is_master)
+        self.assertEqual(
+            [case.backend(d) for d in ("cuda", "cuda:1", "hpu", "xpu", "cpu", "meta")],
+            ["nccl", "nccl", "hccl", "xccl", "gloo", "gloo"],
+        )
+        with mock.patch.object(devices, "default_world_size", return_value=3):
+            self.assertEqual(case.rank_to_device("cpu"), {0: [0], 1: [0], 2: [0]})
 
 
 SCRIPT_SUITE = """

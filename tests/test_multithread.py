@@ -11,14 +11,16 @@ import threading
 import time
 import unittest
 from typing import Any, Callable, Dict, List, Tuple
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from harness import devices
 from harness.fsdp import FSDPTestMultiThread
 from harness.multithread import MultiThreadedTestCase
-from harness.skips import skip_if_lt_x_gpu
+from harness.skips import requires_nccl, skip_if_lt_x_gpu, skip_if_no_gpu
 from harness.testcase import TestCase
 
 
@@ -88,6 +90,82 @@ class TestOutcomes(TestCase):
         self.assertEqual(len(result.skipped), 1)
         self.assertIn("Need at least 64 CUDA devices", result.skipped[0][1])
         self.assertIsNone(case._threads)
+
+    def test_class_level_and_per_rank_requirements_start_no_thread(self) -> None:
+        def test_body(self: MultiThreadedTestCase) -> None:
+            raise AssertionError("must not run")
+
+        cls = requires_nccl()(thread_case(2, test_body=test_body))
+        with mock.patch.object(dist, "is_nccl_available", return_value=False):
+            result, case = run_case(cls, "test_body")
+        self.assertEqual(messages(result), [])
+        self.assertEqual(result.skipped[0][1], "c10d was not compiled with the NCCL backend")
+        self.assertIsNone(case._threads)
+
+        per_rank = thread_case(2, test_body=skip_if_no_gpu(test_body))
+        with mock.patch.object(devices, "accelerator_count", return_value=1):
+            result, case = run_case(per_rank, "test_body")
+        self.assertEqual(result.skipped[0][1], "Need at least 2 CUDA devices, found 1")
+        self.assertIsNone(case._threads)
+
+    def test_world_size_zero_is_a_skip_not_a_pass(self) -> None:
+        def test_body(self: MultiThreadedTestCase) -> None:
+            raise AssertionError("must not run")
+
+        result, case = run_case(thread_case(0, test_body=test_body), "test_body")
+        self.assertEqual(messages(result), [])
+        self.assertEqual(result.testsRun, 1)
+        self.assertEqual(len(result.skipped), 1)
+        self.assertEqual(
+            result.skipped[0][1],
+            "ThreadCase.world_size is 0: no ranks to start "
+            f"({devices.accelerator_count()} accelerators found)",
+        )
+        self.assertIsNone(case._threads)
+
+    def test_negative_world_size_is_a_one_line_error(self) -> None:
+        result, _ = run_case(thread_case(-2, test_body=lambda self: None), "test_body")
+        self.assertEqual(len(result.errors), 1)
+        self.assertIn(
+            "HarnessConfigError: ThreadCase.world_size must be a positive int, got -2",
+            result.errors[0][1],
+        )
+
+    def test_upstream_rank_helpers(self) -> None:
+        seen: List[Tuple[str, int, Any]] = []
+        lock = threading.Lock()
+
+        def note(*item: Any) -> None:
+            with lock:
+                seen.append(item)
+
+        def per_thread_set_up(self: MultiThreadedTestCase) -> None:
+            note("setup", self.rank, threading.current_thread().name)
+
+        def per_thread_tear_down(self: MultiThreadedTestCase) -> None:
+            note("teardown", self.rank, None)
+
+        def test_body(self: MultiThreadedTestCase) -> None:
+            note("master", self.rank, self.is_master)
+            self.assertEqualOnRank(self.rank, 0)  # only rank 0 compares
+            self.assertNotEqualOnRank(self.rank, 0, rank=1)
+            with self.assertRaises(AssertionError):
+                self.assertEqualOnRank(self.rank, 5, rank=self.rank)
+
+        cls = thread_case(
+            2, test_body=test_body, perThreadSetUp=per_thread_set_up,
+            perThreadTearDown=per_thread_tear_down,
+        )
+        result, case = run_case(cls, "test_body")
+        self.assertEqual(messages(result), [])
+        self.assertEqual(sorted(seen), [
+            ("master", 0, True), ("master", 1, False),
+            ("setup", 0, "harness-rank-0"), ("setup", 1, "harness-rank-1"),
+            ("teardown", 0, None), ("teardown", 1, None),
+        ])
+        self.assertFalse(case.is_master)  # the supervisor is no rank
+        case.rank = 1  # upstream's rank is a plain attribute
+        self.assertEqual((case.rank, case.is_master), (1, False))
 
     def test_skip_in_ranks_keeps_its_reason(self) -> None:
         def test_body(self: MultiThreadedTestCase) -> None:

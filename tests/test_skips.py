@@ -1,4 +1,4 @@
-"""harness.skips: upstream skip codes, skip_if_lt_x_gpu, decisions before any rank starts."""
+"""harness.skips: upstream skip codes and decorators, decided before any rank starts."""
 
 import os
 import subprocess
@@ -7,8 +7,23 @@ import unittest
 from unittest import mock
 
 import torch
+import torch.distributed as dist
 
-from harness import TEST_SKIPS, TestCase, skip_if_lt_x_gpu
+from harness import (
+    TEST_SKIPS,
+    TestCase,
+    at_least_x_gpu,
+    requires_accelerator_dist_backend,
+    requires_gloo,
+    requires_nccl,
+    skip_but_pass_in_sandcastle_if,
+    skip_if_lt_x_gpu,
+    skip_if_no_gpu,
+    skip_if_rocm_multiprocess,
+    skipIfHpu,
+    skipIfRocm,
+    skips,
+)
 from harness.skips import SKIP_BY_EXIT_CODE, check_requirements
 
 
@@ -106,10 +121,173 @@ class SkipsTest(unittest.TestCase):
         self.assertEqual(len(result.skipped), 1)
         self.assertIn("Need at least 2 CUDA devices", result.skipped[0][1])
 
-    def test_dev_dbg_asan_flag_is_read_from_the_upstream_variable(self):
-        code = "import harness; print(harness.TEST_WITH_DEV_DBG_ASAN)"
-        for value, expected in (("1", "True"), ("0", "False")):
-            env = dict(os.environ, PYTORCH_TEST_WITH_DEV_DBG_ASAN=value)
+    def test_skip_if_no_gpu_needs_one_accelerator_per_rank(self):
+        ran = []
+
+        class Case(TestCase):
+            world_size = 2
+
+            @skip_if_no_gpu
+            def test_x(self):
+                ran.append(1)
+
+        for count, reason in (
+            (0, "CUDA is not available. This test needs one accelerator for each of its 2 ranks "
+                "and none is available"),
+            (1, "Need at least 2 CUDA devices, found 1"),
+            (2, None),
+        ):
+            self.use_gpus(count)
+            result = unittest.TestResult()
+            Case("test_x").run(result)
+            self.assertEqual([r for _, r in result.skipped], [reason] if reason else [])
+            self.assertEqual(ran, [] if reason else [1])
+        self.assertTrue(result.wasSuccessful())
+
+    def test_requires_nccl_and_accelerator_backends(self):
+        def body():
+            return "ran"
+
+        with mock.patch.object(dist, "is_nccl_available", return_value=False):
+            with self.assertRaises(unittest.SkipTest) as caught:
+                requires_nccl()(body)()
+            self.assertEqual(str(caught.exception), "c10d was not compiled with the NCCL backend")
+            with self.assertRaises(unittest.SkipTest) as caught:
+                requires_accelerator_dist_backend()(body)()
+            self.assertEqual(
+                str(caught.exception),
+                "No accelerator communication backend available among ['nccl', 'xccl', 'hccl']",
+            )
+            with self.assertRaisesRegex(unittest.SkipTest, r"among \['nccl'\]$"):
+                requires_accelerator_dist_backend(["nccl"])(body)()
+        with mock.patch.object(dist, "is_nccl_available", return_value=True):
+            self.assertEqual(requires_nccl()(body)(), "ran")
+            self.assertEqual(requires_accelerator_dist_backend(["nccl"])(body)(), "ran")
+            self.assertEqual(requires_accelerator_dist_backend()(body)(), "ran")
+
+    def test_requirement_on_a_class_skips_each_test_before_setup_ends(self):
+        ran = []
+
+        @requires_nccl()
+        class Case(TestCase):
+            def setUp(self):
+                super().setUp()
+                ran.append("setUp")
+
+            def test_a(self):
+                ran.append("a")
+
+        with mock.patch.object(dist, "is_nccl_available", return_value=False):
+            result = unittest.TestResult()
+            Case("test_a").run(result)
+        self.assertEqual(ran, [])
+        self.assertEqual(result.skipped[0][1], "c10d was not compiled with the NCCL backend")
+        with mock.patch.object(dist, "is_nccl_available", return_value=True):
+            result = unittest.TestResult()
+            Case("test_a").run(result)
+        self.assertEqual((ran, result.skipped), (["setUp", "a"], []))
+
+    def test_at_least_x_gpu(self):
+        self.use_gpus(0)
+        self.assertFalse(at_least_x_gpu(1))
+        self.use_gpus(2)
+        self.assertTrue(at_least_x_gpu(2))
+        self.assertFalse(at_least_x_gpu(3))
+
+    def test_every_accelerator_requirement_asks_one_rule(self):
+        """Issue 12's CPU switch changes accelerators_suffice only: nothing else decides."""
+        self.use_gpus(0)
+
+        class Case(TestCase):
+            world_size = 4
+
+        def body(case):
+            return "ran"
+
+        decorated = [
+            skip_if_lt_x_gpu(8)(body), skip_if_no_gpu(body), requires_nccl()(body),
+            requires_accelerator_dist_backend()(body),
+        ]
+        with mock.patch.object(dist, "is_nccl_available", return_value=False):
+            for fn in decorated:
+                with self.assertRaises(unittest.SkipTest):
+                    fn(Case())
+            self.assertFalse(at_least_x_gpu(1))
+            with mock.patch.object(skips, "accelerators_suffice", return_value=True) as rule:
+                self.assertEqual([fn(Case()) for fn in decorated], ["ran"] * 4)
+                for fn in decorated:
+                    check_requirements(fn, 4)
+                self.assertTrue(at_least_x_gpu(1))
+            self.assertEqual(rule.call_count, 9)
+
+    def test_skip_but_pass_in_sandcastle_if_marks_functions_and_classes(self):
+        def fn():
+            return "ran"
+
+        class Case(unittest.TestCase):
+            def test_x(self):
+                pass
+
+        self.assertIs(skip_but_pass_in_sandcastle_if(False, "no")(fn), fn)
+        self.assertFalse(hasattr(fn, "__unittest_skip__"))
+        for target in (fn, Case):
+            skip_but_pass_in_sandcastle_if(True, "not here")(target)
+            self.assertTrue(target.__unittest_skip__)
+            self.assertEqual(target.__unittest_skip_why__, "not here")
+        result = unittest.TestResult()
+        Case("test_x").run(result)
+        self.assertEqual(result.skipped[0][1], "not here")
+
+    def test_requires_gloo(self):
+        def fn():
+            return "ran"
+
+        requires_gloo()(fn)
+        self.assertFalse(hasattr(fn, "__unittest_skip__"))
+        with mock.patch.object(dist, "is_gloo_available", return_value=False):
+            requires_gloo()(fn)
+        self.assertEqual(fn.__unittest_skip_why__, "c10d was not compiled with the Gloo backend")
+
+    def test_rocm_and_hpu_skips(self):
+        def fn():
+            return "ran"
+
+        for flag, on in (("TEST_WITH_ROCM", False), ("TEST_HPU", False)):
+            self.assertEqual(getattr(skips, flag), on)
+        self.assertEqual(skipIfRocm(fn)(), "ran")
+        self.assertEqual(skipIfRocm(msg="flaky")(fn)(), "ran")
+        self.assertEqual(skipIfHpu(fn)(), "ran")
+        self.assertFalse(hasattr(skip_if_rocm_multiprocess(fn), "__unittest_skip_why__"))
+        with mock.patch.object(skips, "TEST_WITH_ROCM", True), \
+                mock.patch.object(skips, "TEST_HPU", True):
+            with self.assertRaises(unittest.SkipTest) as caught:
+                skipIfRocm(fn)()
+            self.assertEqual(
+                str(caught.exception), "skipIfRocm: test doesn't currently work on the ROCm stack"
+            )
+            with self.assertRaisesRegex(unittest.SkipTest, "^skipIfRocm: flaky$"):
+                skipIfRocm(msg="flaky")(fn)()
+            with self.assertRaisesRegex(unittest.SkipTest, "^test doesn't currently work with HPU"):
+                skipIfHpu(fn)()
+
+            class Case(unittest.TestCase):
+                def test_x(self):
+                    pass
+
+            self.assertEqual(skipIfRocm(Case).__unittest_skip_why__,
+                             "skipIfRocm: test doesn't currently work on the ROCm stack")
+            self.assertEqual(skip_if_rocm_multiprocess(fn).__unittest_skip_why__,
+                             TEST_SKIPS["skipIfRocm"].message)
+
+    def test_flags_are_read_from_the_upstream_variables(self):
+        code = (
+            "import harness; "
+            "print(harness.TEST_WITH_DEV_DBG_ASAN, harness.TEST_WITH_ROCM, harness.IS_FBCODE)"
+        )
+        rocm = torch.version.hip is not None
+        for value, expected in (("1", "True True True"), ("0", f"False {rocm} False")):
+            env = dict(os.environ, PYTORCH_TEST_WITH_DEV_DBG_ASAN=value,
+                       PYTORCH_TEST_WITH_ROCM=value, PYTORCH_TEST_FBCODE=value)
             out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                                  text=True, check=True).stdout.strip()
             self.assertEqual(out, expected)

@@ -1,11 +1,18 @@
 """harness.testcase: tensor-aware equality, seeding, run_subtests as a method."""
 
+import datetime
+import pathlib
 import random
+import tempfile
 import types
 import unittest
+import warnings
 from unittest import mock
 
+import numpy
 import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
 
 from harness import TestCase
 from harness.testcase import SEED_ENV, current_seed, route_test_method
@@ -93,6 +100,158 @@ class AssertEqualTest(TestCase):
 
     def test_expecttest_base(self):
         self.assertExpectedInline(str(1 + 1), """2""")
+
+
+class _Subclass(torch.Tensor):
+    """A tensor subclass: its class has `__array__`, like AsyncCollectiveTensor's."""
+
+
+class _HasArray:
+    """A non-tensor object with `__array__`: compared with `==` (identity), not as array data."""
+
+    def __array__(self, dtype=None, copy=None):
+        return numpy.zeros(2)
+
+
+class UpstreamAssertEqualFormsTest(TestCase):
+    def test_classes_and_types_compare_without_becoming_tensors(self):
+        self.assertTrue(hasattr(_Subclass, "__array__"))
+        out = torch.ones(2).as_subclass(_Subclass)
+        self.assertEqual(type(out), _Subclass)
+        self.assertEqual(type(torch.ones(1)), torch.Tensor)
+        self.assertEqual(DTensor, DTensor)
+        self.assertEqual([type(out), int], [_Subclass, int])
+        with self.assertRaisesRegex(AssertionError, "_Subclass"):
+            self.assertEqual(type(out), torch.Tensor)
+        with self.assertRaises(AssertionError):
+            self.assertEqual(_Subclass, torch.ones(2))
+        self.assertNotEqual(type(out), DTensor)
+
+    def test_other_objects_with_array_attributes_use_eq(self):
+        a, b = _HasArray(), _HasArray()
+        self.assertEqual(a, a)
+        with self.assertRaisesRegex(AssertionError, "_HasArray"):
+            self.assertEqual(a, b)  # as arrays they would be equal
+        self.assertEqual(numpy.array([1.0, 2.0]), torch.tensor([1.0, 2.0], dtype=torch.float64))
+        with self.assertRaises(AssertionError):
+            self.assertEqual(numpy.array([1.0, 2.0]), numpy.array([1.0, 3.0]))
+        self.assertEqual(numpy.array(["a", "b"]), ["a", "b"])
+
+    def test_none_devices_dtypes(self):
+        self.assertEqual(None, None)
+        for other in (torch.zeros(1), 0, [], "None"):
+            with self.assertRaisesRegex(AssertionError, "None"):
+                self.assertEqual(None, other)
+            with self.assertRaisesRegex(AssertionError, "None"):
+                self.assertEqual(other, None)
+        self.assertEqual(torch.float32, torch.float)
+        with self.assertRaisesRegex(AssertionError, "torch.float32 != torch.bfloat16"):
+            self.assertEqual(torch.float32, torch.bfloat16)
+        self.assertEqual(torch.device("cpu", 0), torch.device("cpu", 0))
+
+    def test_msg_positional_keyword_and_callable(self):
+        with self.assertRaisesRegex(AssertionError, "positional context"):
+            self.assertEqual(torch.ones(1), torch.zeros(1), "positional context")
+        with self.assertRaisesRegex(AssertionError, "keyword context"):
+            self.assertEqual([1], [2], msg="keyword context")
+        with self.assertRaisesRegex(AssertionError, r"^built: 1 != 2$"):
+            self.assertEqual(1, 2, msg=lambda generated: f"built: {generated}")
+        with self.assertRaisesRegex(AssertionError, "string context"):
+            self.assertEqual("a", "b", msg="string context")
+
+    def test_python_floats_use_upstream_tolerances_and_ints_are_exact(self):
+        self.assertEqual(1.0, 1.0 + 1e-7)
+        self.assertEqual(torch.tensor(2.0), 2.0 + 1e-7)
+        self.assertEqual(3, torch.tensor([3]))
+        with self.assertRaises(AssertionError):
+            self.assertEqual(1.0, 1.001)
+        with self.assertRaises(AssertionError):
+            self.assertEqual(10**12, 10**12 + 1)
+        self.assertEqual(1.0, 1.001, atol=1e-2, rtol=0)
+        self.assertEqual(1 + 1j, 1 + 1j + 1e-7j)
+
+    def test_bools_compare_as_truth_values(self):
+        self.assertEqual(True, 1)
+        self.assertEqual(torch.tensor(True), True)
+        with self.assertRaises(AssertionError):
+            self.assertEqual(False, 1)
+        with self.assertRaises(AssertionError):
+            self.assertEqual(True, "True")
+
+    def test_equal_nan(self):
+        nan = torch.tensor([float("nan")])
+        with self.assertRaises(AssertionError):
+            self.assertEqual(nan, nan, equal_nan=False)
+        with self.assertRaises(AssertionError):
+            self.assertEqual(float("nan"), float("nan"), equal_nan=False)
+
+    def test_exact_layout_stride_and_coalesced(self):
+        dense = torch.eye(3)
+        self.assertEqual(dense.to_sparse(), dense)
+        with self.assertRaisesRegex(AssertionError, "layout"):
+            self.assertEqual(dense.to_sparse(), dense, exact_layout=True)
+        strided = torch.arange(6.0).reshape(2, 3).t()
+        self.assertEqual(strided, strided.contiguous())
+        with self.assertRaisesRegex(AssertionError, "stride"):
+            self.assertEqual(strided, strided.contiguous(), exact_stride=True)
+        indices = torch.tensor([[0, 0], [1, 1]])
+        uncoalesced = torch.sparse_coo_tensor(
+            indices, torch.tensor([1.0, 2.0]), (2, 2), check_invariants=True
+        )
+        self.assertEqual(uncoalesced, uncoalesced.coalesce())
+        with self.assertRaisesRegex(AssertionError, "is_coalesced"):
+            self.assertEqual(uncoalesced, uncoalesced.coalesce(), exact_is_coalesced=True)
+
+    def test_nested_containers_with_tensors_and_modules(self):
+        value = {"a": [torch.ones(2), (1, None)], "b": torch.Size([2, 3])}
+        self.assertEqual(value, {"a": [torch.ones(2), (1, None)], "b": (2, 3)})
+        with self.assertRaisesRegex(AssertionError, r"at \['a'\]\[0\]"):
+            self.assertEqual(value, {"a": [torch.zeros(2), (1, None)], "b": (2, 3)})
+        first, second = nn.Linear(1, 1), nn.Linear(1, 1)
+        self.assertEqual(nn.ModuleList([first]), [first])
+        with self.assertRaises(AssertionError):
+            self.assertEqual(nn.Sequential(first), nn.Sequential(second))
+
+    def test_tensor_against_unrelated_objects_fails_without_crashing(self):
+        for other in ("abc", object(), {"a": 1}):
+            with self.assertRaisesRegex(AssertionError, "a tensor and a"):
+                self.assertEqual(torch.ones(1), other)
+        with self.assertRaisesRegex(AssertionError, "cannot compare a tensor with list"):
+            self.assertEqual(torch.ones(2), [[1.0], [1.0, 2.0]])
+
+    def test_assert_not_equal_takes_the_same_keywords(self):
+        self.assertNotEqual(1.0, 1.5, atol=0.1, rtol=0)
+        self.assertNotEqual(torch.ones(2), torch.ones(2, dtype=torch.float64))
+        with self.assertRaises(AssertionError):
+            self.assertNotEqual(
+                torch.ones(2), torch.ones(2, dtype=torch.float64), exact_dtype=False
+            )
+        with self.assertRaisesRegex(AssertionError, "ctx"):
+            self.assertNotEqual(1, 1, "ctx")
+
+
+class UpstreamTestCaseHelpersTest(TestCase):
+    def test_assert_not_warn(self):
+        self.assertNotWarn(lambda: None)
+        with self.assertRaisesRegex(AssertionError, "UserWarning: careful.*my note"):
+            self.assertNotWarn(lambda: warnings.warn("careful", stacklevel=1), "my note")
+        warn_always = torch.is_warn_always_enabled()
+        with self.assertRaises(AssertionError):
+            self.assertNotWarn(lambda: warnings.warn("again", DeprecationWarning, stacklevel=1))
+        self.assertEqual(torch.is_warn_always_enabled(), warn_always)
+
+    def test_attempt_load_from_subprocess(self):
+        with tempfile.TemporaryDirectory() as folder:
+            plain = pathlib.Path(folder, "plain.pt")
+            torch.save({"w": torch.ones(2)}, plain)
+            self._attempt_load_from_subprocess(plain, "")
+            dated = pathlib.Path(folder, "dated.pt")
+            torch.save({"when": datetime.date(2020, 1, 1)}, dated)
+            self._attempt_load_from_subprocess(dated, "", "Weights only load failed")
+            with self.assertRaisesRegex(RuntimeError, "Weights only load failed"):
+                self._attempt_load_from_subprocess(dated, "")
+            with self.assertRaises(AssertionError):  # expected to fail, but it loads
+                self._attempt_load_from_subprocess(plain, "", "Weights only load failed")
 
 
 class SeedingTest(TestCase):
