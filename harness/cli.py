@@ -11,8 +11,8 @@ import os
 import sys
 from typing import Any, Callable, Optional, Sequence, TextIO
 
-from harness import devices
-from harness.engine import Engine, Options
+from harness import devices, lifecycle
+from harness.engine import Engine, Options, closing_line
 from harness.loader import Plan, UsageError, load_module, repeat, resolve_modules, select, shard
 from harness.progress import progress_interval
 
@@ -133,7 +133,19 @@ def print_list(plan: Plan, out: TextIO) -> None:
 
 
 def run_all_main(argv: Optional[Sequence[str]] = None) -> int:
-    """run_all.py: exit 0 when nothing failed, 1 when something failed, 2 on bad input."""
+    """run_all.py: exit 0 when nothing failed, 1 when something failed, 2 on bad input,
+    130/143/129 when stopped by Ctrl-C/SIGTERM/SIGHUP. Nothing it started outlives it."""
+    with lifecycle.run_scope():
+        try:
+            return _run_all(argv)
+        except KeyboardInterrupt as stop:  # before any test ran (while importing the suites)
+            signum = lifecycle.signal_of(stop)
+            print(f"run stopped: interrupted by {lifecycle.describe(signum)}", file=sys.stdout)
+            print(closing_line(0, 0, 0, interrupted=True), file=sys.stdout, flush=True)
+            return lifecycle.exit_code(signum)
+
+
+def _run_all(argv: Optional[Sequence[str]]) -> int:
     try:
         args = run_all_parser().parse_args(argv)
         _apply_env(args)

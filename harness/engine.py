@@ -14,7 +14,7 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, TextIO
 
-from harness import devices, forkserver
+from harness import devices, forkserver, lifecycle
 from harness.junit import junit_result_class, stand_in_for, xml_runner
 from harness.loader import Plan
 from harness.progress import Progress, progress_interval
@@ -32,6 +32,7 @@ class SuiteStats:
     skipped: int = 0
     grid_points: int = 0
     seconds: float = 0.0
+    note: str = ""  # a suite skipped or broken at import: why
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Engine:
         self.stats: Dict[str, SuiteStats] = {module: SuiteStats() for module, _ in plan}
         self.failures: List[RunRecord] = []
         self.aborted = ""
+        self.interrupted_by: Optional[int] = None  # the signal that stopped the run
         self.exchange: Any = None
         if devices.torchrun_env() is not None:
             from harness.torchrun import RankExchange
@@ -86,6 +88,10 @@ class Engine:
         self.progress.start(test.id())
 
     def _recorded(self, test: Any, record: RunRecord) -> None:
+        with lifecycle.deferred_signals():  # a finished test is counted and in the XML, or neither
+            self._record(test, record)
+
+    def _record(self, test: Any, record: RunRecord) -> None:
         if self.exchange is not None and not self.aborted:
             from harness.torchrun import RanksOutOfStep
 
@@ -99,6 +105,7 @@ class Engine:
                 self.collector.stop()
         stats = self.stats[record.suite]
         stats.grid_points += record.grid_points
+        stats.note = getattr(test, "import_note", "") or stats.note
         if record.status in FAILED:
             stats.failed += 1
             self.failures.append(record)
@@ -122,11 +129,10 @@ class Engine:
             forkserver.preload(*(module for module, _ in self.plan if module in sys.modules))
 
     def run(self) -> int:
-        """0 when nothing failed, 1 when something failed, 130 when interrupted (Ctrl-C);
-        what ran before an interruption is still reported."""
+        """0 when nothing failed, 1 when something failed, 130/143/129 when interrupted (Ctrl-C,
+        SIGTERM, SIGHUP); what ran before an interruption is still reported."""
         self._preload_suites()
         self.progress.begin(len(self.plan))
-        interrupted = False
         began = time.monotonic()
         try:
             for module, tests in self.plan:
@@ -135,18 +141,22 @@ class Engine:
                 self.collector.suite, began = module, time.monotonic()
                 unittest.TestSuite(tests).run(self.collector)
                 self.stats[module].seconds += time.monotonic() - began
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             if self.collector.suite in self.stats:
                 self.stats[self.collector.suite].seconds += time.monotonic() - began
-            self.aborted, interrupted = "interrupted", True
+            self.interrupted_by = lifecycle.signal_of(stop)
+            self.aborted = f"interrupted by {lifecycle.describe(self.interrupted_by)}"
         finally:
             self.progress.close()
-        if self.exchange is not None and not self.aborted:
-            self.exchange.finish(devices.default_timeout())
-        if self.reporting:
-            self.report()
+        with lifecycle.deferred_signals():
+            if self.exchange is not None and not self.aborted:
+                self.exchange.finish(devices.default_timeout())
+            if self.reporting:
+                self.report()
+        if self.interrupted_by is not None:
+            return lifecycle.exit_code(self.interrupted_by)
         if self.aborted:
-            return 130 if interrupted else 1
+            return 1
         if not self.reporting:
             # Rank 0 owns the verdict: a non-zero exit here would make torchrun terminate
             # rank 0 before its report is written.
@@ -172,12 +182,21 @@ class Engine:
             total.passed += stats.passed
             total.failed += stats.failed
             total.skipped += stats.skipped
-        print(f"{total.passed} passed, {total.failed} failed, {total.skipped} skipped", file=out)
+        print(closing_line(total.passed, total.failed, total.skipped,
+                           self.interrupted_by is not None), file=out)
         out.flush()
 
 
+def closing_line(passed: int, failed: int, skipped: int, interrupted: bool = False) -> str:
+    """The last line of a run; an interrupted run says so, so that a CI reading it does not
+    take it for a finished one."""
+    line = f"{passed} passed, {failed} failed, {skipped} skipped"
+    return f"interrupted: {line}" if interrupted else line
+
+
 def summary_table(stats: Dict[str, SuiteStats]) -> str:
-    """Per suite: passed, failed, skipped, grid points run, time; then the totals."""
+    """Per suite: passed, failed, skipped, grid points run, time, and why a suite skipped or
+    failed at import; then the totals."""
     header = ("suite", "passed", "failed", "skipped", "grid points", "time")
     rows = [
         (name, s.passed, s.failed, s.skipped, s.grid_points, f"{s.seconds:.1f}s")
@@ -199,5 +218,8 @@ def summary_table(stats: Dict[str, SuiteStats]) -> str:
         )
         for row in [header, *rows]
     ]
+    for i, note in enumerate(s.note for s in stats.values()):
+        if note:
+            lines[i + 1] += f"  {note}"
     lines.insert(len(lines) - 1, "-" * len(lines[0]))
     return "\n".join(lines)

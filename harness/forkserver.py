@@ -16,16 +16,24 @@ imports of `harness` find the package fully initialised.)
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
+import shutil
+import signal
 import sys
+import time
 from multiprocessing import spawn
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from harness import devices
 
 MAIN_PATH_ENV = "HARNESS_FORKSERVER_MAIN"
+RUNNER_ENV = "HARNESS_FORKSERVER_RUNNER"
+HELPER_EXIT_WAIT_S = 5.0  # how long a stopped helper may take to exit before it is killed
+ORPHAN_CHECK_S = 1.0  # how long the forkserver waits to learn whether its runner died
 
 # What every rank would otherwise import itself, once per test: torch.distributed.tensor because
 # torch.testing.assert_close (so every tensor assertEqual) imports it on first use, which costs a
@@ -68,18 +76,22 @@ def _main_script() -> Optional[str]:
 
 
 def _ensure_running() -> None:
-    """Start the forkserver if needed, with MAIN_PATH_ENV naming the script it should load."""
+    """Start the forkserver if needed, with MAIN_PATH_ENV naming the script it should load and
+    RUNNER_ENV naming this process (how the forkserver knows it is one, and whose child)."""
     script = _main_script()
-    saved = os.environ.get(MAIN_PATH_ENV)
-    if script is not None:
-        os.environ[MAIN_PATH_ENV] = script
+    settings = {RUNNER_ENV: str(os.getpid()), MAIN_PATH_ENV: script}
+    saved = {name: os.environ.get(name) for name in settings}
+    for name, value in settings.items():
+        if value is not None:
+            os.environ[name] = value
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
-        if saved is None:
-            os.environ.pop(MAIN_PATH_ENV, None)
-        else:
-            os.environ[MAIN_PATH_ENV] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def load_main_script_in_forkserver() -> None:
@@ -92,3 +104,107 @@ def load_main_script_in_forkserver() -> None:
     except Exception:  # noqa: BLE001 - each rank imports the script again and reports the error
         return
 
+
+
+def helper_pids() -> Dict[str, int]:
+    """multiprocessing's helper processes this process runs now: forkserver, resource tracker."""
+    pids = {
+        "forkserver": multiprocessing.forkserver._forkserver._forkserver_pid,
+        "resource tracker": multiprocessing.resource_tracker._resource_tracker._pid,
+    }
+    return {name: pid for name, pid in pids.items() if pid is not None}
+
+
+def stop_helpers(keep: Dict[str, int]) -> None:
+    """Stop and reap the helpers running now that are not in `keep` (what ran before the run).
+
+    The forkserver's socket is removed first: that tells the forkserver it was stopped on
+    purpose, so it leaves multiprocessing's temp folder to this (living) process.
+    """
+    running = helper_pids()
+    if running.get("forkserver") not in (None, keep.get("forkserver")):
+        server = multiprocessing.forkserver._forkserver
+        with server._lock:
+            address, alive_fd = server._forkserver_address, server._forkserver_alive_fd
+            pid = server._forkserver_pid
+            server._forkserver_address = server._forkserver_alive_fd = None
+            server._forkserver_pid = None
+            if isinstance(address, str) and not address.startswith("\0"):
+                _remove(address)
+            os.close(alive_fd)  # the forkserver exits when every holder of this pipe closed it
+        _reap(pid)
+    if running.get("resource tracker") not in (None, keep.get("resource tracker")):
+        tracker = multiprocessing.resource_tracker._resource_tracker
+        with tracker._lock:
+            fd, pid = tracker._fd, tracker._pid
+            tracker._fd = tracker._pid = None
+            os.close(fd)  # at EOF the tracker frees what its clients leaked, then exits
+        _reap(pid)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _reap(pid: int) -> None:
+    """Wait for a child to exit; kill it if it has not after HELPER_EXIT_WAIT_S."""
+    deadline = time.monotonic() + HELPER_EXIT_WAIT_S
+    try:
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() >= deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return
+            time.sleep(0.005)
+    except ChildProcessError:  # already reaped
+        return
+
+
+def clean_up_when_orphaned() -> None:
+    """In the forkserver (started by the RUNNER_ENV process): on exit, if the runner died
+    without stopping it, remove the runner's multiprocessing temp folder (the socket's
+    `pymp-*`); then reap the ranks and exit at once (skipping the second or so the
+    interpreter would spend tearing torch down). Anywhere else: nothing."""
+    runner = os.environ.get(RUNNER_ENV, "")
+    if runner.isdigit():  # the runner may have died already, while we were preloading
+        atexit.register(_forkserver_exit, os.getpid(), int(runner))
+
+
+def _forkserver_exit(pid: int, runner: int) -> None:
+    if os.getpid() != pid:  # a process forked from the forkserver (they exit via os._exit)
+        return
+    address = multiprocessing.forkserver._forkserver._forkserver_address
+    if isinstance(address, str) and os.path.exists(address):  # not stopped by stop_helpers
+        folder = os.path.dirname(address)
+        if _runner_gone(runner) and os.path.basename(folder).startswith("pymp-"):
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            _remove(address)
+    _reap_children()
+    os._exit(0)
+
+
+def _runner_gone(runner: int) -> bool:
+    """Whether the process that started the forkserver has died (we were re-parented). The
+    kernel closes a dying process's pipes just before it re-parents its children, so a
+    forkserver woken by that may still see the old parent for a moment."""
+    deadline = time.monotonic() + ORPHAN_CHECK_S
+    while os.getppid() == runner:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _reap_children() -> None:
+    """Reap the forkserver's exited ranks, so none is left a zombie when it exits."""
+    deadline = time.monotonic() + HELPER_EXIT_WAIT_S
+    try:
+        while time.monotonic() < deadline:
+            if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                time.sleep(0.005)
+    except ChildProcessError:  # no children left
+        return

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 import unittest
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 from harness.records import (
-    Reported,
     RunRecord,
     fold_grid_points,
+    formatted,
+    interrupted_now,
     params_text,
     reported_exc_info,
 )
@@ -31,9 +32,8 @@ def junit_result_class() -> type:
             super().startTest(test)
 
         def _exc_info_to_string(self, err: Any, test: Any) -> str:
-            if isinstance(err[1], Reported):
-                return err[1].detail
-            return super()._exc_info_to_string(err, test)
+            text = formatted(err)
+            return text if text is not None else super()._exc_info_to_string(err, test)
 
         def _fold(self, test: Any, err: Any = None) -> Any:
             main = self._exc_info_to_string(err, test) if err is not None else ""
@@ -57,8 +57,9 @@ def junit_result_class() -> type:
             super().addError(test, err)
 
         def stopTest(self, test: Any) -> None:  # noqa: N802
-            if getattr(self, "_points", None):
+            if getattr(self, "_points", None) and not interrupted_now():
                 super().addFailure(test, self._fold(test))
+            self._points = []  # an interrupted test did not finish: no testcase for it
             super().stopTest(test)
 
         def add_record(self, test: Any, record: RunRecord) -> None:
@@ -80,12 +81,13 @@ def junit_result_class() -> type:
     return JUnitResult
 
 
-def xml_runner(output: str, **kwargs: Any) -> Any:
-    """An XMLTestRunner writing TEST-<module>.<Class>.xml files into `output`."""
+def xml_runner(output: str, resultclass: Optional[type] = None, **kwargs: Any) -> Any:
+    """An XMLTestRunner writing TEST-<module>.<Class>.xml files into `output`, with
+    `resultclass` (junit_result_class() or a subclass of it)."""
     import xmlrunner
 
     return xmlrunner.XMLTestRunner(
-        output=output, outsuffix="", resultclass=junit_result_class(), **kwargs
+        output=output, outsuffix="", resultclass=resultclass or junit_result_class(), **kwargs
     )
 
 

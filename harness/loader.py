@@ -1,21 +1,26 @@
 """Choosing the tests: which suite modules, which of their tests (-k), which shard, how often.
 
-The result is a `Plan`: (module, its tests in run order) pairs. A module that cannot be
-imported becomes one failing test, so a broken suite fails the run instead of vanishing.
+The result is a `Plan`: (module, its tests in run order) pairs. A module is loaded with
+unittest.TestLoader's rules and never silently dropped: one that skips itself at import
+(`raise unittest.SkipTest(...)`, or upstream's `print(reason); sys.exit(0)` when, say,
+distributed is not available) becomes one skipped test carrying the reason; one that raises
+anything else or exits with another code becomes one test in error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import importlib
 import importlib.util
+import io
 import sys
 import traceback
 import unittest
 from pathlib import Path
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Sequence, TextIO, Tuple
 
-from harness.records import Reported, last_line
+from harness.records import ReportedError, last_line
 
 SUITES_PACKAGE = "test_cases"
 
@@ -79,18 +84,34 @@ def resolve_modules(names: Sequence[str]) -> List[str]:
     return resolved
 
 
-def _import_failure(module: str, text: str) -> unittest.TestCase:
-    """A test standing for a module that failed to import; running it reports the error."""
+def _import_failure(module: str, text: str, kind: str) -> unittest.TestCase:
+    """A test standing for a module that failed to import; running it reports the error
+    (as an error of type `kind`, the exception the import raised)."""
+    summary = last_line(text)
 
     class ImportFailure(unittest.TestCase):
-        import_failure = True  # kept by -k: a suite that cannot load must not vanish
+        import_note = f"error at import: {summary}"  # kept by -k: a broken suite must not vanish
 
         def test_import(self) -> None:
-            raise Reported(f"cannot import {module}: {last_line(text)}", text)
+            raise type(kind, (ReportedError,), {})(f"cannot import {module}: {summary}", text)
 
     ImportFailure.__module__ = module
     ImportFailure.__qualname__ = "ImportFailure"
     return ImportFailure("test_import")
+
+
+def _import_skip(module: str, reason: str) -> unittest.TestCase:
+    """A test standing for a module that skipped itself at import; running it skips."""
+
+    class ImportSkipped(unittest.TestCase):
+        import_note = f"skipped at import: {reason}"  # kept by -k, shown in the summary
+
+        def test_import(self) -> None:
+            raise unittest.SkipTest(reason)
+
+    ImportSkipped.__module__ = module
+    ImportSkipped.__qualname__ = "ImportSkipped"
+    return ImportSkipped("test_import")
 
 
 def flatten(suite: Any) -> List[unittest.TestCase]:
@@ -99,20 +120,70 @@ def flatten(suite: Any) -> List[unittest.TestCase]:
     return [suite]
 
 
-def load_module(module: str) -> List[unittest.TestCase]:
-    """The module's tests in unittest's order; a failed import becomes one failing test."""
+class _Tee(io.TextIOBase):
+    """A stream that writes through to another one and, while `keep` is set, keeps a copy."""
+
+    def __init__(self, stream: TextIO, copy: io.StringIO) -> None:
+        self.stream, self.copy, self.keep = stream, copy, True
+
+    def write(self, text: str) -> int:
+        if self.keep:
+            self.copy.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+
+@contextlib.contextmanager
+def _teed_output() -> Iterator[io.StringIO]:
+    """What the block prints (still shown), so that a suite's skip message can be its reason."""
+    seen = io.StringIO()
+    tees = [_Tee(sys.stdout, seen), _Tee(sys.stderr, seen)]
     try:
-        loaded = importlib.import_module(module)
-    except Exception as error:
-        frames = [
-            frame for frame in traceback.extract_tb(error.__traceback__)
-            if not frame.filename.startswith("<frozen")
-            and frame.filename not in (__file__, importlib.__file__)
-        ]
-        text = "Traceback (most recent call last):\n" + "".join(
-            traceback.format_list(frames) + traceback.format_exception_only(type(error), error)
-        )
-        return [_import_failure(module, text)]
+        with contextlib.redirect_stdout(tees[0]), contextlib.redirect_stderr(tees[1]):
+            yield seen
+    finally:
+        for tee in tees:  # a module may keep sys.stderr (a logging handler): stop copying
+            tee.keep = False
+
+
+def _traceback_text(error: BaseException) -> str:
+    """The import's traceback without importlib's frames."""
+    frames = [
+        frame for frame in traceback.extract_tb(error.__traceback__)
+        if not frame.filename.startswith("<frozen")
+        and frame.filename not in (__file__, importlib.__file__, contextlib.__file__)
+    ]
+    return "Traceback (most recent call last):\n" + "".join(
+        traceback.format_list(frames) + traceback.format_exception_only(type(error), error)
+    )
+
+
+def load_module(module: str) -> List[unittest.TestCase]:
+    """The module's tests in unittest's order. A module that skips itself at import (SkipTest,
+    or sys.exit(0)/sys.exit() after printing why) becomes one skipped test with that reason;
+    any other exception or exit code at import becomes one test in error."""
+    try:
+        with _teed_output() as printed:
+            loaded = importlib.import_module(module)
+    except KeyboardInterrupt:
+        raise
+    except unittest.SkipTest as skip:
+        return [_import_skip(module, str(skip) or "unittest.SkipTest raised at import")]
+    except SystemExit as stop:
+        if stop.code is None or stop.code == 0:
+            said = last_line(printed.getvalue())
+            return [_import_skip(module, said or f"sys.exit({stop.code}) at import")]
+        return [_import_failure(module, _traceback_text(stop), "SystemExit")]
+    except BaseException as error:  # noqa: BLE001 - whatever it is, the suite is in error
+        return [_import_failure(module, _traceback_text(error), type(error).__name__)]
     return flatten(unittest.defaultTestLoader.loadTestsFromModule(loaded))
 
 
@@ -125,9 +196,10 @@ def name_matcher(pattern: str) -> Callable[[str], bool]:
 
 
 def select(plan: Plan, patterns: Sequence[str]) -> Plan:
-    """Keep tests matching any pattern (import failures always stay). UsageError for a pattern
-    that matches no test (a typo must not turn into a green run of nothing), unless a module
-    failed to import (its tests are unknown; the import failure fails the run anyway)."""
+    """Keep tests matching any pattern (stand-ins for suites that skipped or failed at import
+    always stay). UsageError for a pattern that matches no test (a typo must not turn into a
+    green run of nothing), unless a suite skipped or failed at import (its tests are unknown;
+    the run reports that suite)."""
     if not patterns:
         return plan
     matchers = [(pattern, name_matcher(pattern)) for pattern in patterns]
@@ -138,12 +210,12 @@ def select(plan: Plan, patterns: Sequence[str]) -> Plan:
         for test in tests:
             hits = [pattern for pattern, match in matchers if match(test.id())]
             used.update(hits)
-            if hits or getattr(test, "import_failure", False):
+            if hits or getattr(test, "import_note", ""):
                 kept.append(test)
         selected.append((module, kept))
     unused = [pattern for pattern in patterns if pattern not in used]
-    broken = any(getattr(test, "import_failure", False) for _, tests in plan for test in tests)
-    if unused and not broken:  # with a broken module, the import error is the news
+    unknown = any(getattr(test, "import_note", "") for _, tests in plan for test in tests)
+    if unused and not unknown:  # with a suite not loaded, that is the news
         raise UsageError(f"-k {unused[0]!r} matches no test in the selected modules")
     return [(module, tests) for module, tests in selected if tests]
 

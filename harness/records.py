@@ -92,6 +92,75 @@ class Reported(AssertionError):
         self.detail = detail
 
 
+class ReportedError(Exception):
+    """Like Reported, for an error rather than a failed check (a suite that cannot load)."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+def formatted(err: Any) -> Optional[str]:
+    """The prepared text of a Reported/ReportedError exc_info triple, else None."""
+    return err[1].detail if isinstance(err[1], (Reported, ReportedError)) else None
+
+
+def interrupted_now() -> bool:
+    """Whether an interruption (Ctrl-C, SIGTERM, SIGHUP) is unwinding through the caller: a
+    test whose stopTest sees one did not finish and gets no verdict."""
+    return isinstance(sys.exc_info()[1], KeyboardInterrupt)
+
+
+class Tally:
+    """Mixin for a unittest result class: one verdict per finished test (a test with failing
+    grid points counts once), for the closing `N passed, N failed, N skipped` line.
+    A class or module fixture that fails (or skips) counts as one failure (or skip)."""
+
+    _verdict: Optional[str] = None
+    _current: Any = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        self.tally = {"passed": 0, "failed": 0, "skipped": 0}
+
+    def startTest(self, test: Any) -> None:  # noqa: N802 - unittest's naming
+        super().startTest(test)  # type: ignore[misc]
+        self._current, self._verdict = test, "passed"
+
+    def _mark(self, test: Any, verdict: str) -> None:
+        if self._current is None:  # a fixture outside any test
+            self.tally[verdict] += 1
+        elif verdict == "failed" or test is self._current:
+            self._verdict = "failed" if "failed" in (verdict, self._verdict) else verdict
+
+    def addFailure(self, test: Any, err: Any) -> None:  # noqa: N802
+        super().addFailure(test, err)  # type: ignore[misc]
+        self._mark(test, "failed")
+
+    def addError(self, test: Any, err: Any) -> None:  # noqa: N802
+        super().addError(test, err)  # type: ignore[misc]
+        self._mark(test, "failed")
+
+    def addUnexpectedSuccess(self, test: Any) -> None:  # noqa: N802
+        super().addUnexpectedSuccess(test)  # type: ignore[misc]
+        self._mark(test, "failed")
+
+    def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
+        super().addSkip(test, reason)  # type: ignore[misc]
+        self._mark(test, "skipped")
+
+    def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
+        super().addSubTest(test, subtest, err)  # type: ignore[misc]
+        if err is not None:
+            self._mark(test, "failed")
+
+    def stopTest(self, test: Any) -> None:  # noqa: N802
+        super().stopTest(test)  # type: ignore[misc]
+        if self._verdict is not None and not interrupted_now():
+            self.tally[self._verdict] += 1
+        self._current = self._verdict = None
+
+
 def reported_exc_info(record: RunRecord) -> Tuple[type, BaseException, None]:
     """An exc_info triple for `record`, for result classes that want one (JUnit XML)."""
     name = record.exc_type or "AssertionError"
@@ -125,9 +194,8 @@ class Collector(unittest.TestResult):
         self._on_start(test)
 
     def _exc_info_to_string(self, err: Any, test: Any) -> str:
-        if isinstance(err[1], Reported):
-            return err[1].detail
-        return super()._exc_info_to_string(err, test)
+        text = formatted(err)
+        return text if text is not None else super()._exc_info_to_string(err, test)
 
     def _outside(self, test: Any, status: str, message: str, detail: str, exc: str) -> None:
         """A class/module fixture error or skip: reported as a record of its own, with an id
@@ -172,7 +240,7 @@ class Collector(unittest.TestResult):
 
     def stopTest(self, test: unittest.TestCase) -> None:  # noqa: N802
         super().stopTest(test)
-        if isinstance(sys.exc_info()[1], KeyboardInterrupt):
+        if interrupted_now():
             self._test = None  # interrupted, not finished: no verdict to report
             return
         record = RunRecord(test.id(), self.suite, duration=time.monotonic() - self._started)

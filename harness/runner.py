@@ -15,11 +15,12 @@ import unittest
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from harness import devices
+from harness import devices, lifecycle
 from harness.cli import print_list, run_tests_parser
-from harness.engine import Engine, Options
-from harness.junit import xml_runner
+from harness.engine import Engine, Options, closing_line
+from harness.junit import junit_result_class, xml_runner
 from harness.loader import UsageError, flatten, repeat
+from harness.records import Tally
 
 HARNESS_FLAGS_HELP = """
 Harness options (besides unittest's):
@@ -30,12 +31,33 @@ Harness options (besides unittest's):
 """
 
 
+class _UntilInterrupted:
+    """The selected tests, run so that an interruption (Ctrl-C, SIGTERM, SIGHUP) ends the run
+    instead of unwinding through unittest's runner: the runner then still prints the failures
+    and the summary of what ran, and writes the XML of the tests that finished."""
+
+    def __init__(self, test: Any) -> None:
+        self.test = test
+        self.signum: Optional[int] = None
+
+    def __call__(self, result: unittest.TestResult) -> unittest.TestResult:
+        try:
+            self.test(result)
+        except KeyboardInterrupt as stop:
+            self.signum = lifecycle.signal_of(stop)
+            if getattr(result, "showAll", False):  # close the test's "... " line
+                result.stream.writeln("interrupted")  # type: ignore[attr-defined]
+        return result
+
+
 class _Program(unittest.TestProgram):
     """unittest.main plus the harness's flags, which `run_tests` has already taken out."""
 
     def __init__(self, harness_args: argparse.Namespace, **kwargs: Any) -> None:
         self.harness_args = harness_args
-        super().__init__(**kwargs)
+        self.interrupted_by: Optional[int] = None
+        self.code = 0
+        super().__init__(exit=False, **kwargs)
 
     def _print_help(self, *args: Any, **kwargs: Any) -> None:
         super()._print_help(*args, **kwargs)
@@ -55,18 +77,41 @@ class _Program(unittest.TestProgram):
             modules: Dict[str, List[unittest.TestCase]] = {}
             for test in flatten(self.test):
                 modules.setdefault(type(test).__module__, []).append(test)
-            sys.exit(Engine(list(modules.items()), options).run())
+            self.code = Engine(list(modules.items()), options).run()
+            return
+        settings = dict(verbosity=self.verbosity, failfast=self.failfast, buffer=self.buffer,
+                        warnings=self.warnings, tb_locals=self.tb_locals)
         if opts.save_xml is not None:
             self.testRunner = xml_runner(
-                opts.save_xml, verbosity=self.verbosity, failfast=self.failfast,
-                buffer=self.buffer, warnings=self.warnings, tb_locals=self.tb_locals,
+                opts.save_xml, resultclass=_tallied(junit_result_class()), **settings
             )
+        else:
+            self.testRunner = unittest.TextTestRunner(
+                resultclass=_tallied(unittest.TextTestResult), **settings  # type: ignore[arg-type]
+            )
+        tests = _UntilInterrupted(self.test)
+        self.test = tests
         super().runTests()
+        self.code = int(not self.result.wasSuccessful())
+        if tests.signum is not None:
+            self.interrupted_by = tests.signum
+            self.code = lifecycle.exit_code(tests.signum)
+            result, stream = self.result, self.testRunner.stream
+            stream.writeln(f"run stopped: interrupted by {lifecycle.describe(tests.signum)}")
+            stream.writeln(closing_line(**result.tally, interrupted=True))
+            stream.flush()
+
+
+def _tallied(result_class: type) -> type:
+    """`result_class` counting one verdict per finished test (records.Tally)."""
+    return type(result_class.__name__, (Tally, result_class), {})
 
 
 def run_tests(argv: Optional[Sequence[str]] = None) -> None:
     """`if __name__ == "__main__": run_tests()`: unittest's command line (-v, -k, test names,
-    -f, ...) plus --save-xml [DIR], --seed N, --repeat N and --list. Exits with unittest's code."""
+    -f, ...) plus --save-xml [DIR], --seed N, --repeat N and --list. Exits with unittest's code,
+    or 130/143/129 when stopped by Ctrl-C/SIGTERM/SIGHUP (after reporting what finished).
+    Nothing it started outlives it; the signal handlers it replaced are restored."""
     argv = list(sys.argv if argv is None else argv)
     try:
         harness_args, rest = run_tests_parser().parse_known_args(argv[1:])
@@ -77,4 +122,12 @@ def run_tests(argv: Optional[Sequence[str]] = None) -> None:
         from harness.testcase import SEED_ENV
 
         os.environ[SEED_ENV] = str(harness_args.seed)
-    _Program(harness_args, module="__main__", argv=[argv[0], *rest])
+    with lifecycle.run_scope():
+        try:
+            code = _Program(harness_args, module="__main__", argv=[argv[0], *rest]).code
+        except KeyboardInterrupt as stop:  # before the first test started
+            signum = lifecycle.signal_of(stop)
+            print(f"run stopped: interrupted by {lifecycle.describe(signum)}", file=sys.stderr)
+            print(closing_line(0, 0, 0, interrupted=True), file=sys.stderr, flush=True)
+            code = lifecycle.exit_code(signum)
+    sys.exit(code)

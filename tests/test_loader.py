@@ -1,10 +1,20 @@
-"""harness.loader: -k matching, selection errors, shards and repeats."""
+"""harness.loader: -k matching, selection errors, shards and repeats, and suites that skip
+or fail at import."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import sys
+import tempfile
+import textwrap
 import unittest
+import uuid
+from pathlib import Path
+from typing import Tuple
 
-from harness.loader import UsageError, name_matcher, repeat, select, shard
+from harness.loader import UsageError, load_module, name_matcher, repeat, select, shard
+from harness.records import Collector, RunRecord
 
 
 class _Named(unittest.TestCase):
@@ -60,6 +70,87 @@ class TestSelectionFunctions(unittest.TestCase):
         tests = repeat(plan, 3)[0][1]
         self.assertEqual(len(tests), 3)
         self.assertEqual(len({id(t) for t in tests}), 3)
+
+
+class TestSuitesThatStopAtImport(unittest.TestCase):
+    """unittest.TestLoader's rules: a module-level SkipTest (or upstream's print-and-exit(0))
+    is a skip of the suite with its reason; anything else raised or exited is an error."""
+
+    def setUp(self) -> None:
+        folder = tempfile.TemporaryDirectory()
+        self.addCleanup(folder.cleanup)
+        self.folder = Path(folder.name)
+        sys.path.insert(0, folder.name)
+        self.addCleanup(sys.path.remove, folder.name)
+
+    def outcome(self, source: str) -> Tuple[str, RunRecord]:
+        """Load a module with this source, run what the loader made of it: (test id, record)."""
+        name = f"suite_{uuid.uuid4().hex}"
+        (self.folder / f"{name}.py").write_text(textwrap.dedent(source))
+        self.addCleanup(sys.modules.pop, name, None)
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            tests = load_module(name)
+        self.assertEqual(len(tests), 1, [t.id() for t in tests])
+        records = []
+        collector = Collector(lambda test: None, lambda test, record: records.append(record))
+        collector.suite = name
+        tests[0].run(collector)
+        self.assertEqual(len(records), 1)
+        return tests[0].id().replace(name, "M"), records[0]
+
+    def test_exit_0_after_printing_a_reason_is_a_skip_with_that_reason(self) -> None:
+        test_id, record = self.outcome("""
+            import sys
+            print("Skip dev-asan as torch + multiprocessing spawn have known issues",
+                  file=sys.stderr)
+            sys.exit(0)
+        """)
+        self.assertEqual(test_id, "M.ImportSkipped.test_import")
+        self.assertEqual(record.status, "skipped")
+        self.assertEqual(record.message,
+                         "Skip dev-asan as torch + multiprocessing spawn have known issues")
+
+    def test_bare_exit_without_a_message_is_a_skip_that_says_so(self) -> None:
+        _, record = self.outcome("import sys\nsys.exit()\n")
+        self.assertEqual((record.status, record.message), ("skipped", "sys.exit(None) at import"))
+
+    def test_module_level_skiptest_is_a_skip(self) -> None:
+        _, record = self.outcome("import unittest\nraise unittest.SkipTest('no distributed')\n")
+        self.assertEqual((record.status, record.message), ("skipped", "no distributed"))
+
+    def test_other_exit_codes_are_errors(self) -> None:
+        for code in ("3", "'fatal: no config'"):
+            with self.subTest(code=code):
+                test_id, record = self.outcome(f"import sys\nprint('hm')\nsys.exit({code})\n")
+                self.assertEqual(test_id, "M.ImportFailure.test_import")
+                self.assertEqual((record.status, record.exc_type), ("error", "SystemExit"))
+                self.assertIn(f"SystemExit: {code.strip(chr(39))}", record.message)
+                self.assertIn(f"sys.exit({code})", record.detail)
+
+    def test_exceptions_are_errors_with_the_traceback(self) -> None:
+        test_id, record = self.outcome("def f():\n    raise KeyError('cfg')\nf()\n")
+        self.assertEqual(test_id, "M.ImportFailure.test_import")
+        self.assertEqual((record.status, record.exc_type), ("error", "KeyError"))
+        self.assertTrue(record.message.endswith("KeyError: 'cfg'"), record.message)
+        self.assertIn("in f\n    raise KeyError('cfg')", record.detail)
+        self.assertNotIn("importlib", record.detail)
+
+    def test_select_keeps_suites_not_loaded_and_tolerates_unmatched_patterns(self) -> None:
+        name = f"suite_{uuid.uuid4().hex}"
+        (self.folder / f"{name}.py").write_text("import sys\nsys.exit(0)\n")
+        self.addCleanup(sys.modules.pop, name, None)
+        stand_in = load_module(name)
+        plan = [("suite.mod1", [_Named("suite.mod1.TestC.test_a")]), (name, stand_in)]
+        kept = select(plan, ["test_a", "only_in_the_skipped_suite"])
+        self.assertEqual([[t.id() for t in tests] for _, tests in kept],
+                         [["suite.mod1.TestC.test_a"], [stand_in[0].id()]])
+
+    def test_ctrl_c_at_import_is_not_swallowed(self) -> None:
+        name = f"suite_{uuid.uuid4().hex}"
+        (self.folder / f"{name}.py").write_text("raise KeyboardInterrupt\n")
+        self.addCleanup(sys.modules.pop, name, None)
+        with self.assertRaises(KeyboardInterrupt):
+            load_module(name)
 
 
 if __name__ == "__main__":

@@ -228,8 +228,8 @@ class TestRunControl(unittest.TestCase):
         proc.send_signal(signal.SIGINT)  # now inside TestSlow.test_sleeps
         out, _ = proc.communicate(timeout=60)
         self.assertEqual(proc.returncode, 130)
-        self.assertIn("run stopped: interrupted", out)
-        self.assertEqual(last_line(out), "1 passed, 0 failed, 0 skipped")
+        self.assertIn("run stopped: interrupted by Ctrl-C (SIGINT)", out)
+        self.assertEqual(last_line(out), "interrupted: 1 passed, 0 failed, 0 skipped")
 
     def test_live_line_on_a_terminal(self) -> None:
         leader, follower = pty.openpty()
