@@ -81,22 +81,25 @@ def assert_fsdp1_grads_equal(
     skip: Collection[str] = (),
     atol: Optional[float] = None,
     rtol: Optional[float] = None,
+    msg: str = "",
 ) -> None:
     """Check that ``fsdp_module``'s unsharded gradients equal ``expected`` (name -> gradient).
 
     Names must match (``skip`` names are left out on both sides); a gradient present on one side
-    only is a mismatch. Collective, like ``fsdp1_full_grads``.
+    only is a mismatch. ``msg`` starts every failure message. Collective, like
+    ``fsdp1_full_grads``.
     """
+    prefix = f"{msg}: " if msg else ""
     grads = {n: g for n, g in fsdp1_full_grads(fsdp_module).items() if n not in skip}
     expected = {n: g for n, g in expected.items() if n not in skip}
-    test.assertEqual(sorted(grads), sorted(expected), msg="parameter names differ")
+    test.assertEqual(sorted(grads), sorted(expected), msg=f"{prefix}parameter names differ")
     for name, grad in grads.items():
         if expected[name] is None:
-            test.assertIsNone(grad, msg=f"{name} has a gradient its reference lacks")
+            test.assertIsNone(grad, msg=f"{prefix}{name} has a gradient its reference lacks")
             continue
-        test.assertIsNotNone(grad, msg=f"{name} has no gradient, its reference has one")
+        test.assertIsNotNone(grad, msg=f"{prefix}{name} has no gradient, its reference has one")
         test.assertEqual(
-            grad, expected[name].to(grad.device), atol=atol, rtol=rtol, msg=f"{name}.grad"
+            grad, expected[name].to(grad.device), atol=atol, rtol=rtol, msg=f"{prefix}{name}.grad"
         )
 
 

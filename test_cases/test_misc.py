@@ -53,6 +53,7 @@ from harness import (
     run_tests,
     skip_if_lt_x_gpu,
 )
+from harness.fsdp1_grads import assert_fsdp1_grads_equal, named_grads
 
 if not dist.is_available():
     raise unittest.SkipTest("torch.distributed is not available")
@@ -275,6 +276,7 @@ class TestFSDPMiscMultiProcess(FSDPTest):
             loss.backward()
             loss_local.backward()
             _check_resharded(m)
+            assert_fsdp1_grads_equal(self, m, named_grads(local_m))
             opt.step()
             opt_local.step()
             _check_equal(local_m, m)
@@ -337,10 +339,13 @@ class TestFSDPMiscMultiProcess(FSDPTest):
             inp = torch.randn(2, 2)
             for _ in range(10):
                 losses = []
-                for _model, _optim in ((ref_model, ref_optim), (model, optim)):
+                for _model in (ref_model, model):
                     loss = _model(inp, inp).sum()
                     losses.append(loss)
                     loss.backward()
+                # Before the step: Adam would hide a wrongly scaled gradient from the losses
+                assert_fsdp1_grads_equal(self, model, named_grads(ref_model.module), msg=f"{ss}")
+                for _optim in (ref_optim, optim):
                     _optim.step()
                     _optim.zero_grad()
                 self.assertEqual(losses[0], losses[1], f"{ss}: FSDP loss differs from DDP")
