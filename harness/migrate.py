@@ -1,0 +1,598 @@
+"""`python -m harness.migrate PATH...`: move `torch.testing._internal` imports to `harness`.
+
+Users bring test files written against PyTorch's private testing modules; the first wall
+they hit is changing every import by hand. This command rewrites each
+`from torch.testing._internal.<module> import a, b` whose names `harness.__all__` provides
+(under the same name) into `from harness import ...`, and leaves everything else as it is.
+
+How the rewrite works (why it can be trusted on real files):
+- The source text is edited in place: `ast` only finds the import statements and their
+  exact spans, `tokenize` reads the names and comments inside them. Everything outside
+  the touched statements keeps its bytes (formatting, comments, newline style, encoding).
+- In each block (module body, or the body of an `if`/`try`/function), the names moved from
+  all private imports that stand alone on their lines become one `from harness import ...`
+  at the place of the first of them, with that block's indentation; at module level an
+  existing simple `from harness import ...` is extended instead. The names are sorted as
+  the file already sorts its import lists (case-insensitively, as upstream does, or
+  constants/classes/functions, as ruff does); when the lists follow neither order, the
+  existing order is kept and new names are appended. A line longer than 100 characters,
+  or one carrying comments between names, becomes a parenthesised one-name-per-line list.
+- A private import sharing its line with other code (`x = 1; from ... import a`) is
+  rewritten where it stands, without merging.
+- Names it cannot map stay in their private import; module imports
+  (`import torch.testing._internal.common_utils as cu`, `from torch.testing._internal
+  import common_utils`) and star imports stay too. All are reported.
+- The result must parse (`ast.parse`) before it is written; files are written atomically
+  (a temp file in the same folder renamed over the original, keeping its mode).
+- A second run changes nothing.
+
+Paths: files or folders; a folder means every `*.py` below it, skipping hidden folders,
+`__pycache__` and virtual environments (folders holding `pyvenv.cfg`), so that running it
+on a checkout never rewrites an installed torch. A path that does not exist (or is not a
+file or folder) is an error: one line each on stderr and exit 2, before any file is
+written. A file that cannot be read or parsed is reported in one line and left untouched;
+the other files are still migrated, and the exit code is 1 (it may hide private imports).
+
+Output (stdout), one line per file that moved names or keeps private imports, then a summary:
+    path/test_x.py: moved 5 names to harness (FSDPTest, ...); left 1: <module>.TEST_HPU
+    migrate: 3 files changed, 2 unchanged, 1 private imports left
+`--check` writes nothing and says "would move" / "would change"; it exits 1 when a file
+would change. Exit codes: 0 nothing private left (and, with --check, nothing to change);
+1 a private import remains, a file would change (--check), or a file could not be read,
+parsed or written; 2 bad command line or path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import io
+import os
+import re
+import stat
+import sys
+import tempfile
+import tokenize
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
+
+PRIVATE = "torch.testing._internal"
+MAX_LINE = 100
+SKIP_DIRS = ("__pycache__",)
+
+
+class PathError(Exception):
+    """A path named on the command line that cannot be migrated (exit code 2)."""
+
+
+def harness_names() -> frozenset:
+    """The names the harness provides, read at run time so that new names map at once."""
+    import harness
+
+    return frozenset(harness.__all__)
+
+
+@dataclass
+class Entry:
+    """One imported name with the comments that travel with it."""
+
+    name: str
+    asname: Optional[str] = None
+    before: List[str] = field(default_factory=list)
+    trailing: List[str] = field(default_factory=list)
+    after: List[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return f"{self.name} as {self.asname}" if self.asname else self.name
+
+    @property
+    def has_comments(self) -> bool:
+        return bool(self.before or self.trailing or self.after)
+
+
+@dataclass
+class Statement:
+    """A `from X import ...` statement located in the source text."""
+
+    node: ast.ImportFrom
+    module: str
+    start: int
+    end: int
+    alone: bool
+    indent: str
+    multiline: bool
+    entries: List[Entry]
+    index: int
+
+
+@dataclass
+class FileResult:
+    """What migrating one file did (or would do)."""
+
+    path: str
+    moved: List[str] = field(default_factory=list)
+    left: List[str] = field(default_factory=list)
+    new_source: Optional[str] = None
+    error: Optional[str] = None
+
+
+def is_private_module(module: Optional[str]) -> bool:
+    return module is not None and (module == PRIVATE or module.startswith(PRIVATE + "."))
+
+
+def _torch_root() -> Optional[Path]:
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent.parent
+
+
+def is_submodule(module: str, name: str) -> bool:
+    """Whether `from module import name` imports a module (looked up on disk, not imported,
+    so that the private testing modules are never loaded)."""
+    if module == PRIVATE:
+        return True
+    root = _torch_root()
+    if root is None:
+        return False
+    base = root.joinpath(*module.split("."), name)
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+# ----------------------------------------------------------------------------- source text
+
+
+class Source:
+    """A file's text with the line table that turns ast positions into string offsets."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.lines = re.findall(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$", text)
+        self.starts: List[int] = []
+        offset = 0
+        for line in self.lines:
+            self.starts.append(offset)
+            offset += len(line)
+        first_end = re.search(r"\r\n|\r|\n", text)
+        self.newline = first_end.group(0) if first_end else "\n"
+
+    def line(self, lineno: int) -> str:
+        return self.lines[lineno - 1] if lineno - 1 < len(self.lines) else ""
+
+    def offset(self, lineno: int, col_bytes: int) -> int:
+        """ast columns count UTF-8 bytes; string offsets count characters."""
+        line = self.line(lineno)
+        col = len(line.encode("utf-8")[:col_bytes].decode("utf-8", errors="replace"))
+        start = self.starts[lineno - 1] if lineno - 1 < len(self.starts) else len(self.text)
+        return start + col
+
+
+def _parse_entries(text: str) -> Tuple[List[Entry], bool]:
+    """Names and comments of one `from X import ...` statement's text (plus any comment
+    that follows it on its last line). Also says whether the names were parenthesised."""
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(text + "\n").readline)
+              if t.type not in (tokenize.NEWLINE, tokenize.ENDMARKER, tokenize.INDENT,
+                                tokenize.DEDENT)]
+    index = next(i for i, t in enumerate(tokens)
+                 if t.type == tokenize.NAME and t.string == "import")
+    entries: List[Entry] = []
+    pending: List[str] = []
+    last_row = -1
+    parenthesised = False
+    closed = False
+    i = index + 1
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.type == tokenize.NAME:
+            entry = Entry(tok.string, before=pending)
+            pending = []
+            last_row = tok.end[0]
+            j = i + 1
+            while j < len(tokens) and tokens[j].type == tokenize.NL:
+                j += 1
+            if j < len(tokens) and tokens[j].type == tokenize.NAME and tokens[j].string == "as":
+                j += 1
+                while tokens[j].type == tokenize.NL:
+                    j += 1
+                entry.asname = tokens[j].string
+                last_row = tokens[j].end[0]
+                i = j
+            entries.append(entry)
+        elif tok.type == tokenize.COMMENT:
+            comment = tok.string.rstrip()
+            if entries and (tok.start[0] == last_row or closed):
+                target = entries[-1].after if closed and entries[-1].trailing else (
+                    entries[-1].trailing)
+                target.append(comment)
+            else:
+                pending.append(comment)
+        elif tok.type == tokenize.OP and tok.string == "(":
+            parenthesised = True
+        elif tok.type == tokenize.OP and tok.string == ")":
+            closed = True
+            if pending and entries:
+                entries[-1].after.extend(pending)
+                pending = []
+        i += 1
+    if pending and entries:
+        entries[-1].after.extend(pending)
+    return entries, parenthesised
+
+
+def _locate(source: Source, node: ast.stmt) -> Tuple[int, int, bool, str, str]:
+    """Span of a statement: whole lines when it stands alone on them (its trailing comment
+    included), else exactly its ast span. Also its indentation and the statement's text
+    with the trailing comment."""
+    assert node.end_lineno is not None and node.end_col_offset is not None
+    start = source.offset(node.lineno, node.col_offset)
+    end = source.offset(node.end_lineno, node.end_col_offset)
+    first = source.line(node.lineno)
+    prefix = source.text[source.starts[node.lineno - 1]:start]
+    last_start = source.starts[node.end_lineno - 1]
+    rest = source.line(node.end_lineno)[end - last_start:].rstrip("\r\n")
+    alone = prefix.strip() == "" and (rest.strip() == "" or rest.strip().startswith("#"))
+    indent = first[: len(first) - len(first.lstrip())] if alone else ""
+    if not alone:
+        return start, end, False, indent, source.text[start:end]
+    text = source.text[start:end] + ("  " + rest.strip() if rest.strip() else "")
+    line_end = last_start + len(source.line(node.end_lineno))
+    return source.starts[node.lineno - 1], line_end, True, indent, text
+
+
+# ----------------------------------------------------------------------------- ordering
+
+
+def _natural(text: str) -> Tuple:
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+
+
+def _upstream_key(entry: Entry) -> Tuple:
+    """Upstream's import lists: case-insensitive (usort)."""
+    return (entry.name.lower(), entry.name, entry.asname or "")
+
+
+def _ruff_key(entry: Entry) -> Tuple:
+    """ruff's isort default: CONSTANTS, then Classes, then functions, each natural order."""
+    name = entry.name
+    kind = 0 if len(name) > 1 and name.isupper() else 1 if name[:1].isupper() else 2
+    return (kind, _natural(name.lower()), name, entry.asname or "")
+
+
+def _choose_order(lists: Sequence[Sequence[Entry]]) -> Optional[Callable[[Entry], Tuple]]:
+    """The sort key every given import list already follows; None: keep the order."""
+    for key in (_upstream_key, _ruff_key):
+        if all([key(e) for e in entries] == sorted(key(e) for e in entries) for entries in lists):
+            return key
+    return None
+
+
+def _merge(lists: Sequence[Sequence[Entry]]) -> List[Entry]:
+    """Entries of all lists, each name (with its alias) once, comments merged."""
+    merged: Dict[Tuple[str, Optional[str]], Entry] = {}
+    for entries in lists:
+        for entry in entries:
+            key = (entry.name, entry.asname)
+            if key in merged:
+                kept = merged[key]
+                kept.before += entry.before
+                kept.trailing += entry.trailing
+                kept.after += entry.after
+            else:
+                merged[key] = Entry(entry.name, entry.asname, list(entry.before),
+                                    list(entry.trailing), list(entry.after))
+    return list(merged.values())
+
+
+def render(indent: str, module: str, entries: Sequence[Entry], newline: str,
+           multiline: bool = False) -> str:
+    """`from module import ...` text: one line when it fits and carries no inner comments,
+    else parenthesised with one name per line (the form ruff/black produce)."""
+    only_trailing_last = all(not e.before and not e.after for e in entries) and all(
+        not e.trailing for e in entries[:-1])
+    if not multiline and only_trailing_last:
+        line = f"{indent}from {module} import {', '.join(e.text for e in entries)}"
+        if entries[-1].trailing:
+            line += "  " + "  ".join(entries[-1].trailing)
+        if len(line) <= MAX_LINE:
+            return line + newline
+    lines = [f"{indent}from {module} import ("]
+    inner = indent + "    "
+    for entry in entries:
+        lines += [inner + comment for comment in entry.before]
+        line = f"{inner}{entry.text},"
+        if entry.trailing:
+            line += "  " + "  ".join(entry.trailing)
+        lines.append(line)
+        lines += [inner + comment for comment in entry.after]
+    lines.append(f"{indent})")
+    return newline.join(lines) + newline
+
+
+# ----------------------------------------------------------------------------- one file
+
+
+def _blocks(tree: ast.Module) -> Iterator[Tuple[List[ast.stmt], bool]]:
+    """Every statement list of the file, the module body first (flagged True)."""
+    yield tree.body, True
+    stack: List[ast.AST] = list(tree.body)
+    while stack:
+        node = stack.pop(0)
+        bodies: List[List[ast.stmt]] = []
+        for name in ("body", "orelse", "finalbody"):
+            value = getattr(node, name, None)
+            if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+                bodies.append(value)
+        for sub in getattr(node, "handlers", []) + getattr(node, "cases", []):
+            bodies.append(sub.body)
+        for body in bodies:
+            yield body, False
+            stack.extend(body)
+
+
+def _left_label(module: str, name: str) -> str:
+    if is_submodule(module, name):
+        return f"{module}.{name} (module import)"
+    return f"{module}.{name}"
+
+
+def migrate_source(text: str, names: frozenset) -> Tuple[str, List[str], List[str]]:
+    """The migrated text, the names moved (as imported) and the private imports left.
+    Raises SyntaxError/ValueError when the text does not parse."""
+    tree = ast.parse(text)
+    source = Source(text)
+    edits: List[Tuple[int, int, str]] = []
+    moved: List[Tuple[int, str]] = []
+    left: List[Tuple[int, str]] = []
+    for block, top in _blocks(tree):
+        privates: List[Statement] = []
+        existing: Optional[Statement] = None
+        for index, node in enumerate(block):
+            if isinstance(node, ast.Import):
+                left += [(node.lineno, f"{a.name} (module import)") for a in node.names
+                         if is_private_module(a.name)]
+                continue
+            if not isinstance(node, ast.ImportFrom) or node.level:
+                continue
+            if node.module == "torch.testing":
+                left += [(node.lineno, f"{PRIVATE} (module import)")
+                         for a in node.names if a.name == "_internal"]
+                continue
+            star = any(a.name == "*" for a in node.names)
+            if is_private_module(node.module) and star:
+                left.append((node.lineno, f"{node.module}.* (star import)"))
+                continue
+            if not (is_private_module(node.module) or node.module == "harness") or star:
+                continue
+            start, end, alone, indent, stmt_text = _locate(source, node)
+            entries, parens = _parse_entries(stmt_text)
+            statement = Statement(node, node.module or "", start, end, alone, indent,
+                                  parens and node.lineno != node.end_lineno, entries, index)
+            if node.module == "harness":
+                if top and alone and existing is None:
+                    existing = statement
+                continue
+            mapped, kept = _split(statement, names)
+            left += [(node.lineno, _left_label(statement.module, e.name)) for e in kept]
+            if mapped:
+                privates.append(statement)
+        if privates:
+            edits += _plan_block(source, privates, existing, block, names, moved)
+    new_text = text
+    for start, end, replacement in sorted(edits, reverse=True):
+        new_text = new_text[:start] + replacement + new_text[end:]
+    by_line = sorted(moved, key=lambda item: item[0]), sorted(left, key=lambda item: item[0])
+    return new_text, [text for _, text in by_line[0]], [text for _, text in by_line[1]]
+
+
+def _split(statement: Statement, names: frozenset) -> Tuple[List[Entry], List[Entry]]:
+    """The statement's entries the harness provides, and the others."""
+    mapped: List[Entry] = []
+    kept: List[Entry] = []
+    for entry in statement.entries:
+        provided = entry.name in names and not is_submodule(statement.module, entry.name)
+        (mapped if provided else kept).append(entry)
+    return mapped, kept
+
+
+def _plan_block(source: Source, privates: List[Statement], existing: Optional[Statement],
+                block: List[ast.stmt], names: frozenset,
+                moved: List[Tuple[int, str]]) -> List[Tuple[int, int, str]]:
+    """The edits for one block: inline statements in place, the others merged."""
+    nl = source.newline
+    edits: List[Tuple[int, int, str]] = []
+    group = [s for s in privates if s.alone]
+    for statement in privates:
+        if statement.alone:
+            continue
+        mapped, kept = _split(statement, names)
+        moved += [(statement.node.lineno, e.text) for e in mapped]
+        text = render("", "harness", mapped, nl).rstrip("\r\n")
+        if kept:
+            text += "; " + render("", statement.module, kept, nl).rstrip("\r\n")
+        edits.append((statement.start, statement.end, text))
+    if not group:
+        return edits
+    first = group[0].index
+    if existing is not None and existing.index > first and not all(
+            isinstance(node, (ast.Import, ast.ImportFrom)) for node in block[first:existing.index]):
+        existing = None  # code between them might use the names before the harness import
+    splits = [_split(s, names) for s in group]
+    lists = [s.entries for s in group] + ([existing.entries] if existing else [])
+    order = _choose_order([entries for entries in lists if len(entries) > 1])
+    combined = _merge(([existing.entries] if existing else []) + [m for m, _ in splits])
+    if order is not None:
+        combined = sorted(combined, key=order)
+    moved += [(s.node.lineno, e.text) for s, (mapped, _) in zip(group, splits) for e in mapped]
+    anchor = existing or group[0]
+    harness_text = render(anchor.indent, "harness", combined, nl,
+                          existing.multiline if existing else False)
+    if not source.text[anchor.start:anchor.end].endswith(("\n", "\r")):
+        harness_text = harness_text.rstrip("\r\n")
+    if existing is not None and len(combined) > len(existing.entries):
+        edits.append((existing.start, existing.end, harness_text))
+    for position, (statement, (_, kept)) in enumerate(zip(group, splits)):
+        text = ""
+        if kept:
+            text = render(statement.indent, statement.module, kept, nl, statement.multiline)
+            if not source.text[statement.start:statement.end].endswith(("\n", "\r")):
+                text = text.rstrip("\r\n")
+        if existing is None and position == 0:
+            text = harness_text + (nl if kept and not harness_text.endswith(nl) else "") + text
+        edits.append((statement.start, statement.end, text))
+    return edits
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def collect(paths: Sequence[str]) -> List[str]:
+    """The files named or found below the folders named; raises PathError for each bad path
+    (all reported, in one exception's lines)."""
+    problems = []
+    files: List[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            for root, dirs, names in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS
+                                 and not os.path.isfile(os.path.join(root, d, "pyvenv.cfg")))
+                files += [os.path.join(root, n) for n in sorted(names) if n.endswith(".py")]
+        elif os.path.isfile(path):
+            files.append(path)
+        elif os.path.lexists(path) and not os.path.exists(path):
+            problems.append(f"{path}: broken symbolic link")
+        elif os.path.exists(path):
+            problems.append(f"{path}: not a file or folder")
+        else:
+            problems.append(f"{path}: no such file or folder")
+    if problems:
+        raise PathError("\n".join(problems))
+    unique: Dict[str, str] = {}
+    for file in files:
+        unique.setdefault(os.path.realpath(file), file)
+    return list(unique.values())
+
+
+def _read(path: str) -> Tuple[str, str]:
+    with open(path, "rb") as handle:
+        data = handle.read()
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    return data.decode(encoding), encoding
+
+
+def migrate_file(path: str, names: frozenset) -> FileResult:
+    """Work out one file's migration without writing it."""
+    result = FileResult(path)
+    try:
+        text, _ = _read(path)
+    except (OSError, SyntaxError, UnicodeDecodeError, LookupError) as error:
+        result.error = f"cannot read: {_one_line(error)}"
+        return result
+    try:
+        new_text, result.moved, result.left = migrate_source(text, names)
+    except (SyntaxError, ValueError) as error:
+        where = f" (line {error.lineno})" if getattr(error, "lineno", None) else ""
+        message = getattr(error, "msg", None) or str(error)
+        result.error = f"cannot parse: {_one_line(message)}{where}"
+        return result
+    try:
+        ast.parse(new_text)
+    except (SyntaxError, ValueError) as error:
+        result.error = f"the rewrite would not parse ({_one_line(error)}); please report it"
+        return result
+    if new_text != text:
+        result.new_source = new_text
+    return result
+
+
+def _one_line(error: object) -> str:
+    return " ".join(str(error).split())
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Replace the file's content in one rename, keeping its encoding and mode."""
+    real = os.path.realpath(path)
+    _, encoding = _read(real)
+    mode = stat.S_IMODE(os.stat(real).st_mode)
+    folder, name = os.path.split(real)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".migrate")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode(encoding))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, real)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _names_list(names: Sequence[str]) -> str:
+    return f"{len(names)} name{'s' if len(names) != 1 else ''}"
+
+
+def report_line(result: FileResult, check: bool) -> Optional[str]:
+    if result.error:
+        return f"{result.path}: {result.error}; left untouched"
+    parts = []
+    if result.moved:
+        verb = "would move" if check else "moved"
+        parts.append(f"{verb} {_names_list(result.moved)} to harness ({', '.join(result.moved)})")
+    if result.left:
+        parts.append(f"left {len(result.left)}: {', '.join(result.left)}")
+    return f"{result.path}: {'; '.join(parts)}" if parts else None
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command; returns the exit code (0 clean, 1 private imports left or a file
+    not migrated or, with --check, a file would change; 2 bad command line or path)."""
+    parser = _Parser(prog="python -m harness.migrate",
+                     description="Move torch.testing._internal imports to harness.")
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders (*.py below)")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if a file would change or a private "
+                             "import remains")
+    args = parser.parse_args(argv)
+    try:
+        files = collect(args.paths)
+    except PathError as error:
+        for line in str(error).splitlines():
+            print(f"{parser.prog}: error: {line}", file=sys.stderr)
+        return 2
+    names = harness_names()
+    results = [migrate_file(path, names) for path in files]
+    failed = False
+    for result in results:
+        if result.new_source is not None and not args.check:
+            try:
+                write_atomically(result.path, result.new_source)
+            except OSError as error:
+                result.error = f"cannot write: {_one_line(error)}"
+                result.moved = []
+        line = report_line(result, args.check)
+        if line:
+            print(line)
+        failed = failed or result.error is not None
+    changed = sum(r.new_source is not None and r.error is None for r in results)
+    left = sum(len(r.left) for r in results)
+    errors = sum(r.error is not None for r in results)
+    summary = (f"migrate: {changed} files {'would change' if args.check else 'changed'}, "
+               f"{len(results) - changed} unchanged, {left} private imports left")
+    if errors:
+        summary += f", {errors} not migrated"
+    print(summary)
+    return 1 if failed or left or (args.check and changed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

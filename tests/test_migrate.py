@@ -1,0 +1,734 @@
+"""`python -m harness.migrate`: upstream-style test files before and after, run as a user does.
+
+The command reads the names the harness provides from `harness.__all__` at run time, and
+other names are being added to it all the time. So the exact before/after tests run the
+command in a child whose `harness.__all__` is set to a fixed list (NAMES) before the
+command's `main` runs; the tests of the plain `python -m harness.migrate` check what does
+not depend on that list (exit codes, --check, bad input, every provided name moving).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from harness.migrate import migrate_source
+from tests.fixtures import REPO, child_env
+
+# What the child's harness provides in the exact before/after tests.
+NAMES = [
+    "DEVICEInitMode", "DTensorTestBase", "FSDPInitMode", "FSDPTest", "FSDPTestMultiThread",
+    "MLPStack", "ModelArgs", "NestedWrappedModule", "TEST_WITH_DEV_DBG_ASAN", "TestCase",
+    "Transformer", "TransformerWithSharedParams", "check_sharded_parity",
+    "create_local_tensor_test_class", "get_devtype", "instantiate_device_type_tests",
+    "instantiate_parametrized_tests", "parametrize", "patch_all_gather", "run_tests",
+    "skip_if_lt_x_gpu", "with_comms",
+]
+DRIVER = (
+    "import sys, harness\n"
+    "harness.__all__ = sys.argv[1].split(',')\n"
+    "from harness.migrate import main\n"
+    "sys.exit(main(sys.argv[2:]))\n"
+)
+
+FSDP1_BEFORE = '''\
+# Owner(s): ["oncall: distributed"]
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import CPUOffload
+from torch.distributed.fsdp.fully_sharded_data_parallel import (
+    FullyShardedDataParallel as FSDP,
+    ShardingStrategy,
+)
+from torch.testing._internal.common_device_type import instantiate_device_type_tests
+from torch.testing._internal.common_distributed import skip_if_lt_x_gpu
+from torch.testing._internal.common_fsdp import (
+    DEVICEInitMode,
+    FSDPInitMode,
+    FSDPTest,
+    get_devtype,
+    NestedWrappedModule,
+    subtest_name,  # names the parametrized tests as upstream does
+    TransformerWithSharedParams,
+)
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TEST_HPU,
+    TEST_WITH_DEV_DBG_ASAN,
+)
+
+
+device_type = torch.device(get_devtype())
+
+if not dist.is_available():
+    print("Distributed not available, skipping tests", file=sys.stderr)
+    sys.exit(0)
+
+if TEST_WITH_DEV_DBG_ASAN:
+    print(
+        "Skip dev-asan as torch + multiprocessing spawn have known issues",
+        file=sys.stderr,
+    )
+    sys.exit(0)
+
+params = "cpu_offload,sharding_strategy"
+configs = [(CPUOffload(offload_params = o), s)  # (spacing kept as written)
+           for o in (True, False) for s in (None, ShardingStrategy.SHARD_GRAD_OP)]
+
+
+class TestParityWithDDP(FSDPTest):
+    @property
+    def world_size(self):
+        return 2
+
+    @skip_if_lt_x_gpu(2)
+    @parametrize(params, configs, subtest_name("cpu_offload", "sharding_strategy"))
+    def test_nested_wrapped_model(self, cpu_offload, sharding_strategy):
+        self._test_fsdp_parity(
+            NestedWrappedModule,
+            FSDPInitMode.RECURSIVE,
+            DEVICEInitMode.DEVICE_BEFORE,
+            cpu_offload=cpu_offload,
+            sharding_strategy=sharding_strategy,
+        )
+
+    @skip_if_lt_x_gpu(2)
+    def test_transformer(self):
+        model = TransformerWithSharedParams.init(
+            self.process_group, FSDPInitMode.RECURSIVE, DEVICEInitMode.DEVICE_BEFORE
+        )
+        self.assertIsInstance(model, FSDP)
+
+
+instantiate_parametrized_tests(TestParityWithDDP)
+devices = ("cuda", "hpu")
+instantiate_device_type_tests(TestParityWithDDP, globals(), only_for=devices)
+
+if __name__ == "__main__":
+    run_tests()
+'''
+FSDP1_OLD_IMPORTS = '''\
+from torch.testing._internal.common_device_type import instantiate_device_type_tests
+from torch.testing._internal.common_distributed import skip_if_lt_x_gpu
+from torch.testing._internal.common_fsdp import (
+    DEVICEInitMode,
+    FSDPInitMode,
+    FSDPTest,
+    get_devtype,
+    NestedWrappedModule,
+    subtest_name,  # names the parametrized tests as upstream does
+    TransformerWithSharedParams,
+)
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TEST_HPU,
+    TEST_WITH_DEV_DBG_ASAN,
+)
+'''
+FSDP1_NEW_IMPORTS = '''\
+from harness import (
+    DEVICEInitMode,
+    FSDPInitMode,
+    FSDPTest,
+    get_devtype,
+    instantiate_device_type_tests,
+    instantiate_parametrized_tests,
+    NestedWrappedModule,
+    parametrize,
+    run_tests,
+    skip_if_lt_x_gpu,
+    TEST_WITH_DEV_DBG_ASAN,
+    TransformerWithSharedParams,
+)
+from torch.testing._internal.common_fsdp import (
+    subtest_name,  # names the parametrized tests as upstream does
+)
+from torch.testing._internal.common_utils import (
+    TEST_HPU,
+)
+'''
+
+FSDP2_BEFORE = '''\
+# Owner(s): ["oncall: distributed"]
+
+import copy
+
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+from torch.testing._internal.common_distributed import skip_if_lt_x_gpu
+from torch.testing._internal.common_fsdp import (
+    check_sharded_parity,
+    FSDPTest,
+    FSDPTestMultiThread,
+    MLPStack,
+    patch_all_gather,
+)
+from torch.testing._internal.common_utils import run_tests, TEST_HPU  # HPU runs differ
+from torch.testing._internal.distributed._tensor.common_dtensor import (
+    ModelArgs,
+    Transformer,
+    TransformerBlock,
+)
+
+
+class TestFullyShardCollectiveOps(FSDPTestMultiThread):
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def test_all_gather_patched(self):
+        with patch_all_gather(lambda *args, **kwargs: None):
+            pass
+
+
+class TestFullyShardTraining(FSDPTest):
+    @property
+    def world_size(self) -> int:
+        return min(4, torch.cuda.device_count())
+
+    @skip_if_lt_x_gpu(2)
+    def test_train_parity(self):
+        torch.manual_seed(42)
+        model = Transformer(ModelArgs(n_layers=2, dropout_p=0.0))
+        ref_model = copy.deepcopy(model)
+        for module in model.modules():
+            if isinstance(module, TransformerBlock):
+                fully_shard(module, mp_policy=MixedPrecisionPolicy())
+        fully_shard(model)
+        check_sharded_parity(self, ref_model, model)
+        self.assertIsInstance(MLPStack(8), nn.Module)
+
+
+if __name__ == "__main__":
+    run_tests()
+'''
+FSDP2_OLD_IMPORTS = '''\
+from torch.testing._internal.common_distributed import skip_if_lt_x_gpu
+from torch.testing._internal.common_fsdp import (
+    check_sharded_parity,
+    FSDPTest,
+    FSDPTestMultiThread,
+    MLPStack,
+    patch_all_gather,
+)
+from torch.testing._internal.common_utils import run_tests, TEST_HPU  # HPU runs differ
+from torch.testing._internal.distributed._tensor.common_dtensor import (
+    ModelArgs,
+    Transformer,
+    TransformerBlock,
+)
+'''
+FSDP2_NEW_IMPORTS = '''\
+from harness import (
+    check_sharded_parity,
+    FSDPTest,
+    FSDPTestMultiThread,
+    MLPStack,
+    ModelArgs,
+    patch_all_gather,
+    run_tests,
+    skip_if_lt_x_gpu,
+    Transformer,
+)
+from torch.testing._internal.common_utils import TEST_HPU  # HPU runs differ
+from torch.testing._internal.distributed._tensor.common_dtensor import (
+    TransformerBlock,
+)
+'''
+
+DTENSOR_BEFORE = '''\
+# Copyright (c) Meta Platforms, Inc. and affiliates
+# Owner(s): ["oncall: distributed"]
+
+import torch
+import torch.testing._internal.common_utils as common_utils
+from torch.distributed.tensor import distribute_tensor, Replicate, Shard
+from torch.testing._internal.common_utils import run_tests
+from torch.testing._internal.distributed._tensor.common_dtensor import (
+    create_local_tensor_test_class,
+    DTensorTestBase,
+    with_comms,
+)
+
+
+class DTensorTest(DTensorTestBase):
+    @with_comms
+    def test_shard_then_replicate(self):
+        mesh = self.build_device_mesh()
+        tensor = torch.randn(8, 4)
+        sharded = distribute_tensor(tensor, mesh, [Shard(0)])
+        self.assertEqual(sharded.redistribute(mesh, [Replicate()]).to_local(), tensor)
+        self.assertFalse(common_utils.TEST_WITH_ROCM)
+
+
+DTensorTestWithLocalTensor = create_local_tensor_test_class(DTensorTest)
+
+if __name__ == "__main__":
+    run_tests()
+'''
+DTENSOR_OLD_IMPORTS = '''\
+from torch.testing._internal.common_utils import run_tests
+from torch.testing._internal.distributed._tensor.common_dtensor import (
+    create_local_tensor_test_class,
+    DTensorTestBase,
+    with_comms,
+)
+'''
+DTENSOR_NEW_IMPORTS = '''\
+from harness import create_local_tensor_test_class, DTensorTestBase, run_tests, with_comms
+'''
+
+# A helper module deep in a folder: private imports inside try/if/def blocks.
+HELPER_BEFORE = '''\
+"""Shared helpers for the distributed tests."""
+
+import os
+
+try:
+    from torch.testing._internal.common_utils import run_tests as rt, \\
+        TestCase  # noqa: F401
+except ImportError:  # an old torch
+    rt = None
+
+
+def make_case():
+    if os.environ.get("USE_FSDP"):
+        from torch.testing._internal.common_fsdp import FSDPTest as Base
+    else:
+        from torch.testing._internal.common_utils import TestCase as Base
+    return Base
+'''
+HELPER_AFTER = '''\
+"""Shared helpers for the distributed tests."""
+
+import os
+
+try:
+    from harness import run_tests as rt, TestCase  # noqa: F401
+except ImportError:  # an old torch
+    rt = None
+
+
+def make_case():
+    if os.environ.get("USE_FSDP"):
+        from harness import FSDPTest as Base
+    else:
+        from harness import TestCase as Base
+    return Base
+'''
+
+FILES = {
+    "test_fsdp_core.py": (FSDP1_BEFORE, FSDP1_OLD_IMPORTS, FSDP1_NEW_IMPORTS),
+    "fsdp2/test_fully_shard_training.py": (FSDP2_BEFORE, FSDP2_OLD_IMPORTS, FSDP2_NEW_IMPORTS),
+    "tensor/parallel/test_dtensor_basic.py": (
+        DTENSOR_BEFORE, DTENSOR_OLD_IMPORTS, DTENSOR_NEW_IMPORTS),
+}
+SUBTEST = "torch.testing._internal.common_fsdp.subtest_name"
+TEST_HPU = "torch.testing._internal.common_utils.TEST_HPU"
+BLOCK = "torch.testing._internal.distributed._tensor.common_dtensor.TransformerBlock"
+REPORTS = {
+    "test_fsdp_core.py": (
+        "moved 12 names to harness (instantiate_device_type_tests, skip_if_lt_x_gpu, "
+        "DEVICEInitMode, FSDPInitMode, FSDPTest, get_devtype, NestedWrappedModule, "
+        "TransformerWithSharedParams, instantiate_parametrized_tests, parametrize, run_tests, "
+        f"TEST_WITH_DEV_DBG_ASAN); left 2: {SUBTEST}, {TEST_HPU}"),
+    "fsdp2/test_fully_shard_training.py": (
+        "moved 9 names to harness (skip_if_lt_x_gpu, check_sharded_parity, FSDPTest, "
+        "FSDPTestMultiThread, MLPStack, patch_all_gather, run_tests, ModelArgs, Transformer); "
+        f"left 2: {TEST_HPU}, {BLOCK}"),
+    "tensor/parallel/test_dtensor_basic.py": (
+        "moved 4 names to harness (run_tests, create_local_tensor_test_class, DTensorTestBase, "
+        "with_comms); left 1: torch.testing._internal.common_utils (module import)"),
+    "tensor/helpers/common.py": "moved 4 names to harness (run_tests as rt, TestCase, "
+                                "FSDPTest as Base, TestCase as Base)",
+}
+
+
+def after(before: str, old: str, new: str) -> str:
+    assert old in before, "the fixture's import block is not in its file"
+    return before.replace(old, new)
+
+
+def write_tree(root: Path, files: Dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def read_tree(root: Path) -> Dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def migrate(*args: str, names: Optional[List[str]] = None,
+            cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+    """The command as a subprocess: `python -m harness.migrate`, or with a fixed name list."""
+    if names is None:
+        command = [sys.executable, "-m", "harness.migrate", *args]
+    else:
+        command = [sys.executable, "-c", DRIVER, ",".join(names), *args]
+    return subprocess.run(command, cwd=cwd or REPO, env=child_env(), capture_output=True,
+                          text=True, timeout=300)
+
+
+class TempDirTest(unittest.TestCase):
+    def setUp(self) -> None:
+        tmp = tempfile.TemporaryDirectory(prefix="migrate-test-")
+        self.addCleanup(tmp.cleanup)
+        self.root = Path(tmp.name)
+
+
+class TestUpstreamStyleFolder(unittest.TestCase):
+    """A folder of upstream-style FSDP1, FSDP2 and DTensor files, migrated once for the class
+    (the tests below only read it, or check that a second run leaves it as it is)."""
+
+    root: Path
+    result: subprocess.CompletedProcess
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        tmp = tempfile.TemporaryDirectory(prefix="migrate-test-")
+        cls.addClassCleanup(tmp.cleanup)
+        cls.root = Path(tmp.name)
+        files = {name: before for name, (before, _, _) in FILES.items()}
+        files["tensor/helpers/common.py"] = HELPER_BEFORE
+        files["tensor/notes.txt"] = "from torch.testing._internal.common_utils import run_tests\n"
+        files[".venv-like/lib.py"] = FSDP1_BEFORE  # hidden folder: not walked
+        files["venv/pyvenv.cfg"] = "home = /usr/bin\n"
+        files["venv/lib/site.py"] = FSDP1_BEFORE  # a virtual environment: not walked
+        write_tree(cls.root, files)
+        cls.result = migrate(str(cls.root), names=NAMES)
+
+    def test_before_and_after_text(self) -> None:
+        for name, (before, old, new) in FILES.items():
+            with self.subTest(file=name):
+                self.assertEqual((self.root / name).read_text(), after(before, old, new))
+        self.assertEqual((self.root / "tensor/helpers/common.py").read_text(), HELPER_AFTER)
+
+    def test_report_names_what_moved_and_what_is_left(self) -> None:
+        expected = [f"{self.root / name}: {line}" for name, line in sorted(REPORTS.items())]
+        self.assertEqual(sorted(self.result.stdout.splitlines()[:-1]), sorted(expected))
+        self.assertEqual(self.result.stdout.splitlines()[-1],
+                         "migrate: 4 files changed, 0 unchanged, 5 private imports left")
+        self.assertEqual(self.result.returncode, 1, self.result.stderr)
+
+    def test_folder_recursion_skips_hidden_folders_venvs_and_other_files(self) -> None:
+        self.assertEqual((self.root / ".venv-like/lib.py").read_text(), FSDP1_BEFORE)
+        self.assertEqual((self.root / "venv/lib/site.py").read_text(), FSDP1_BEFORE)
+        self.assertIn("import run_tests", (self.root / "tensor/notes.txt").read_text())
+
+    def test_second_run_changes_nothing(self) -> None:
+        first = read_tree(self.root)
+        again = migrate(str(self.root), names=NAMES)
+        self.assertEqual(read_tree(self.root), first)
+        self.assertEqual(again.stdout.splitlines()[-1],
+                         "migrate: 0 files changed, 4 unchanged, 5 private imports left")
+        self.assertNotIn("moved", again.stdout)
+        check = migrate("--check", str(self.root), names=NAMES)
+        self.assertEqual(check.returncode, 1)  # private imports are still left
+        self.assertIn("0 files would change", check.stdout)
+
+    def test_every_migrated_file_parses_and_leaves_no_temp_file(self) -> None:
+        for path in self.root.rglob("*.py"):
+            ast.parse(path.read_text(), filename=str(path))
+        self.assertEqual(sorted(read_tree(self.root)), sorted([
+            *FILES, "tensor/helpers/common.py", "tensor/notes.txt", ".venv-like/lib.py",
+            "venv/pyvenv.cfg", "venv/lib/site.py"]))
+
+
+
+class TestNamesAddedLater(TempDirTest):
+    def test_a_name_the_harness_provides_later_joins_the_harness_import(self) -> None:
+        path = self.root / "test_fsdp_core.py"
+        path.write_text(after(*FILES["test_fsdp_core.py"]))
+        result = migrate(str(path), names=NAMES + ["TEST_HPU"])
+        self.assertEqual(result.stdout.splitlines()[0],
+                         f"{path}: moved 1 name to harness (TEST_HPU); left 1: {SUBTEST}")
+        text = path.read_text()
+        self.assertIn("    skip_if_lt_x_gpu,\n    TEST_HPU,\n    TEST_WITH_DEV_DBG_ASAN,\n", text)
+        self.assertNotIn("common_utils import", text)
+        ast.parse(text)
+
+
+class TestCheckAndExitCodes(TempDirTest):
+    """`python -m harness.migrate` itself (the harness's real names)."""
+
+    def test_clean_file_exits_0(self) -> None:
+        path = self.root / "test_clean.py"
+        path.write_text("from harness import FSDPTest, run_tests\n")
+        for args in ([], ["--check"]):
+            result = migrate(*args, str(path))
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            self.assertEqual(result.stdout, "migrate: 0 files "
+                             f"{'would change' if args else 'changed'}, 1 unchanged, "
+                             "0 private imports left\n")
+
+    def test_check_exits_1_when_a_file_would_change_and_writes_nothing(self) -> None:
+        path = self.root / "test_x.py"
+        text = "from torch.testing._internal.common_utils import run_tests  # entry point\n"
+        path.write_text(text)
+        before = os.stat(path)
+        result = migrate("--check", str(path))
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stdout, f"{path}: would move 1 name to harness (run_tests)\n"
+                         "migrate: 1 files would change, 0 unchanged, 0 private imports left\n")
+        self.assertEqual(path.read_text(), text)
+        self.assertEqual(os.stat(path).st_mtime_ns, before.st_mtime_ns)
+        self.assertEqual(sorted(os.listdir(self.root)), ["test_x.py"])
+        result = migrate(str(path))
+        self.assertEqual(result.returncode, 0, result.stdout)
+        self.assertEqual(path.read_text(), "from harness import run_tests  # entry point\n")
+
+    def test_check_exits_1_when_a_private_import_is_left(self) -> None:
+        path = self.root / "test_x.py"
+        text = "from torch.testing._internal.common_utils import *\n"
+        path.write_text(text)
+        for args in (["--check"], []):
+            result = migrate(*args, str(path))
+            self.assertEqual(result.returncode, 1)
+            self.assertEqual(result.stdout.splitlines()[0], f"{path}: left 1: "
+                             "torch.testing._internal.common_utils.* (star import)")
+            self.assertEqual(path.read_text(), text)
+
+    def test_every_name_in_harness_all_moves(self) -> None:
+        import harness
+
+        names = sorted(harness.__all__)
+        body = "".join(f"    {name},\n" for name in names)
+        path = self.root / "test_all.py"
+        path.write_text(f"from torch.testing._internal.common_utils import (\n{body})\n")
+        result = migrate(str(path))
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        tree = ast.parse(path.read_text())
+        self.assertEqual([(node.module, sorted(a.name for a in node.names)) for node in tree.body],
+                         [("harness", names)])
+
+    def test_mode_encoding_and_newlines_are_kept(self) -> None:
+        path = self.root / "test_x.py"
+        text = ("# -*- coding: latin-1 -*-\r\n"
+                "from torch.testing._internal.common_utils import run_tests\r\n"
+                "print('\u00e9')\r\n")
+        path.write_bytes(text.encode("latin-1"))
+        path.chmod(0o750)
+        result = migrate(str(path))
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual(path.read_bytes(), text.replace(
+            "torch.testing._internal.common_utils", "harness").encode("latin-1"))
+        self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o750)
+
+
+class TestBadInput(TempDirTest):
+    def test_bad_path_is_one_line_exit_2_and_nothing_written(self) -> None:
+        good = self.root / "test_good.py"
+        text = "from torch.testing._internal.common_utils import run_tests\n"
+        good.write_text(text)
+        missing = self.root / "no_such_dir"
+        result = migrate(str(good), str(missing))
+        self.assertEqual(result.returncode, 2)
+        self.assertEqual(result.stderr, f"python -m harness.migrate: error: {missing}: "
+                         "no such file or folder\n")
+        self.assertEqual(result.stdout, "")
+        self.assertEqual(good.read_text(), text)
+
+    def test_no_path_is_a_one_line_usage_error(self) -> None:
+        result = migrate()
+        self.assertEqual(result.returncode, 2)
+        self.assertEqual(len(result.stderr.splitlines()), 1, result.stderr)
+        self.assertIn("PATH", result.stderr)
+
+    def test_unparsable_file_is_one_line_and_left_untouched(self) -> None:
+        broken = self.root / "test_broken.py"
+        broken_text = "from torch.testing._internal.common_utils import run_tests\ndef f(:\n"
+        broken.write_text(broken_text)
+        good = self.root / "test_good.py"
+        good.write_text("from torch.testing._internal.common_utils import run_tests\n")
+        result = migrate(str(self.root))
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stdout.splitlines(), [
+            f"{broken}: cannot parse: invalid syntax (line 2); left untouched",
+            f"{good}: moved 1 name to harness (run_tests)",
+            "migrate: 1 files changed, 1 unchanged, 0 private imports left, 1 not migrated",
+        ])
+        self.assertEqual(broken.read_text(), broken_text)
+        self.assertEqual(good.read_text(), "from harness import run_tests\n")
+
+
+# In-process rules with a fixed set of provided names.
+PROVIDED = frozenset({"FSDPTest", "MLP", "TestCase", "parametrize", "run_tests",
+                      "skip_if_lt_x_gpu", "TEST_SKIPS", "with_comms", "DTensorTestBase"})
+
+
+def rewrite(text: str) -> str:
+    return migrate_source(textwrap.dedent(text), PROVIDED)[0]
+
+
+class TestRewriteRules(unittest.TestCase):
+    def assertRewrites(self, before: str, expected: str) -> None:
+        result = rewrite(before)
+        self.assertEqual(result, textwrap.dedent(expected))
+        ast.parse(result)
+        self.assertEqual(migrate_source(result, PROVIDED)[0], result, "not idempotent")
+
+    def test_alias_keeps_its_name(self) -> None:
+        self.assertRewrites(
+            "from torch.testing._internal.common_utils import run_tests as rt, TEST_HPU as h\n",
+            "from harness import run_tests as rt\n"
+            "from torch.testing._internal.common_utils import TEST_HPU as h\n")
+
+    def test_backslash_continuation(self) -> None:
+        self.assertRewrites(
+            "from torch.testing._internal.common_utils import \\\n"
+            "    run_tests, \\\n    TestCase\n",
+            "from harness import run_tests, TestCase\n")
+
+    def test_comments_inside_parentheses_travel_with_their_names(self) -> None:
+        self.assertRewrites('''\
+            from torch.testing._internal.common_utils import (  # upstream helpers
+                # the entry point
+                run_tests,
+                TEST_HPU,  # gates hpu
+                # more to come
+            )  # end
+            x = 1  # untouched
+            ''', '''\
+            from harness import (
+                # upstream helpers
+                # the entry point
+                run_tests,
+            )
+            from torch.testing._internal.common_utils import (
+                TEST_HPU,  # gates hpu
+                # more to come
+                # end
+            )
+            x = 1  # untouched
+            ''')
+
+    def test_merges_into_an_existing_top_level_harness_import(self) -> None:
+        self.assertRewrites('''\
+            from harness import (
+                MLP,
+                TestCase,
+            )
+            from torch.testing._internal.common_fsdp import FSDPTest
+            from torch.testing._internal.common_utils import run_tests
+            ''', '''\
+            from harness import (
+                FSDPTest,
+                MLP,
+                run_tests,
+                TestCase,
+            )
+            ''')
+
+    def test_keeps_ruff_order_and_keeps_order_when_lists_disagree(self) -> None:
+        self.assertRewrites(
+            "from harness import MLP, TestCase, parametrize\n"
+            "from torch.testing._internal.common_utils import TEST_SKIPS, run_tests\n",
+            "from harness import MLP, TEST_SKIPS, TestCase, parametrize, run_tests\n")
+        self.assertRewrites(
+            "from harness import TestCase, MLP\n"
+            "from torch.testing._internal.common_utils import run_tests, TEST_SKIPS\n",
+            "from harness import TestCase, MLP, run_tests, TEST_SKIPS\n")
+
+    def test_harness_import_after_code_is_not_extended(self) -> None:
+        self.assertRewrites('''\
+            from torch.testing._internal.common_utils import run_tests
+            MAIN = run_tests
+            from harness import MLP
+            ''', '''\
+            from harness import run_tests
+            MAIN = run_tests
+            from harness import MLP
+            ''')
+
+    def test_indented_imports_keep_their_block_and_indentation(self) -> None:
+        self.assertRewrites('''\
+            class T:
+                def test(self):
+                    from torch.testing._internal.common_fsdp import FSDPTest
+                    from torch.testing._internal.common_utils import (
+                        run_tests,
+                        TEST_HPU,
+                    )
+                    return FSDPTest
+            if True:
+            \tfrom torch.testing._internal.common_utils import TestCase
+            ''', '''\
+            class T:
+                def test(self):
+                    from harness import FSDPTest, run_tests
+                    from torch.testing._internal.common_utils import (
+                        TEST_HPU,
+                    )
+                    return FSDPTest
+            if True:
+            \tfrom harness import TestCase
+            ''')
+
+    def test_long_import_wraps_in_parentheses(self) -> None:
+        self.assertRewrites(
+            "from torch.testing._internal.common_utils import DTensorTestBase, FSDPTest, MLP, "
+            "parametrize, run_tests, skip_if_lt_x_gpu, TestCase, with_comms\n",
+            "from harness import (\n    DTensorTestBase,\n    FSDPTest,\n    MLP,\n"
+            "    parametrize,\n    run_tests,\n    skip_if_lt_x_gpu,\n    TestCase,\n"
+            "    with_comms,\n)\n")
+
+    def test_statement_sharing_a_line_is_rewritten_in_place(self) -> None:
+        self.assertRewrites(
+            "if True: from torch.testing._internal.common_utils import run_tests, TEST_HPU\n",
+            "if True: from harness import run_tests; "
+            "from torch.testing._internal.common_utils import TEST_HPU\n")
+
+    def test_module_and_star_imports_are_left_and_reported(self) -> None:
+        text = textwrap.dedent('''\
+            import torch.testing._internal.common_utils as common_utils
+            from torch.testing._internal import common_distributed
+            from torch.testing import _internal
+            from torch.testing._internal.distributed import checkpoint_utils
+            from torch.testing._internal.common_fsdp import *
+            from torch.testing._internal.common_utils import run_tests
+            ''')
+        new, moved, left = migrate_source(text, PROVIDED)
+        self.assertEqual(new, text.replace("torch.testing._internal.common_utils import run_tests",
+                                           "harness import run_tests"))
+        self.assertEqual(moved, ["run_tests"])
+        self.assertEqual(left, [
+            "torch.testing._internal.common_utils (module import)",
+            "torch.testing._internal.common_distributed (module import)",
+            "torch.testing._internal (module import)",
+            "torch.testing._internal.distributed.checkpoint_utils (module import)",
+            "torch.testing._internal.common_fsdp.* (star import)",
+        ])
+
+    def test_deeper_modules_map_too(self) -> None:
+        self.assertRewrites(
+            "from torch.testing._internal.distributed._tensor.common_dtensor import with_comms\n"
+            "from torch.testing._internal.distributed.checkpoint_utils import with_temp_dir\n",
+            "from harness import with_comms\n"
+            "from torch.testing._internal.distributed.checkpoint_utils import with_temp_dir\n")
+
+    def test_unparsable_text_raises_syntax_error(self) -> None:
+        with self.assertRaises(SyntaxError):
+            migrate_source("from torch.testing._internal.common_utils import (\n", PROVIDED)
+
+
+if __name__ == "__main__":
+    unittest.main()
