@@ -140,14 +140,17 @@ class TestFullyShardFrozen(FSDPTest):
                     _optim.zero_grad(set_to_none=(iter_idx % 2 == 0))
                     losses.append(_model(inp).sum())
                     losses[-1].backward()
-                    _optim.step()
                 self.assertEqual(losses[0], losses[1])
+                # Gradients before the step: Adam would hide a wrongly scaled one from the losses
                 check_sharded_parity(self, ref_model, model)
+                for _optim in (ref_optim, optim):
+                    _optim.step()
                 # One reduce-scatter per MLP; all but possibly the first MLP's (whose input does
                 # not require grad) run inside the autograd post-backward, not the final callback
                 self.assertEqual(len(reduce_scatters_in_post_backward), num_mlps)
                 self.assertGreaterEqual(sum(reduce_scatters_in_post_backward), num_mlps - 1)
                 self.assertGreaterEqual(post_backward_calls, num_mlps - 1)
+        check_sharded_parity(self, ref_model, model)
 
     @skip_if_lt_x_gpu(2, allow_cpu=True)
     def test_train_mixed_requires_grad_across_groups(self):
@@ -222,7 +225,6 @@ class TestFullyShardFrozen(FSDPTest):
                     else:
                         losses.append(_model(inp).sum())
                         losses[-1].backward()
-                        _optim.step()
                 self.assertEqual(losses[0], losses[1])
                 if iter_idx == no_grad_iter_idx:
                     self.assertEqual(backward_count, 0)
@@ -232,18 +234,24 @@ class TestFullyShardFrozen(FSDPTest):
                 # the first one, and while the first one is frozen, not the second one either
                 expected_count = num_linears - 1 if unfrozen else num_linears - 2
                 self.assertEqual(backward_count, expected_count)
+                # Without a root FSDP module nothing reshards the first linear after
+                # backward when reshard_after_forward=False, so reshard explicitly first
+                for module in model:
+                    if isinstance(module, FSDPModule):
+                        module.reshard()
+                # Gradients before the step: Adam would hide a wrongly scaled one from the losses
                 if unfrozen:
                     # DDP only reduces the gradients of parameters that required grad when it
-                    # was built, so compare with FSDP only that the unfrozen ones trained
+                    # was built: compare with DDP the linears that trained all along, and
+                    # check only that the unfrozen ones got gradients
+                    for i in range(1, num_linears, 2):
+                        check_sharded_parity(self, ref_model[i * 2], model[i * 2])
                     for param in frozen_params:
                         self.assertIsNotNone(param.grad)
                 else:
-                    # Without a root FSDP module nothing reshards the first linear after
-                    # backward when reshard_after_forward=False, so reshard explicitly first
-                    for module in model:
-                        if isinstance(module, FSDPModule):
-                            module.reshard()
                     check_sharded_parity(self, ref_model, model)
+                for _optim in (ref_optim, optim):
+                    _optim.step()
 
     @skip_if_lt_x_gpu(2, allow_cpu=True)
     def test_multi_forward_mixed_requires_grad(self):
@@ -297,8 +305,11 @@ class TestFullyShardFrozen(FSDPTest):
                 _optim.zero_grad(set_to_none=(iter_idx % 2 == 0))
                 losses.append(_model(inp).sum())
                 losses[-1].backward()
-                _optim.step()
             self.assertEqual(losses[0], losses[1])
+            # Gradients before the step: Adam would hide a wrongly scaled one from the losses
+            check_sharded_parity(self, ref_model, model)
+            for _optim in (ref_optim, optim):
+                _optim.step()
         check_sharded_parity(self, ref_model, model)
 
 
