@@ -45,6 +45,71 @@ def fsdp_reduce_scatter_name() -> str:
     return "reduce_scatter_tensor"
 
 
+def fsdp_all_gather_name() -> str:
+    """Name of the ``torch.distributed`` function FSDP1 calls to all-gather flat parameters.
+
+    ``dist.all_gather_single`` in this torch; older releases called
+    ``dist.all_gather_into_tensor``.
+    """
+    import torch.distributed as dist
+
+    if hasattr(dist, "all_gather_single"):
+        return "all_gather_single"
+    return "all_gather_into_tensor"
+
+
+def fsdp_param_group_module() -> Any:
+    """``fully_shard``'s param-group module, whose ``foreach_all_gather``/``foreach_reduce``
+    globals the param group calls (patching them there is what reaches FSDP2)."""
+    return first_attr(
+        [
+            (f"torch.distributed.{package}", "_fsdp_param_group")
+            for package in ("fsdp._fully_shard", "_composable.fsdp")  # torch >= 2.6, older
+        ]
+    )
+
+
+def fsdp_param_group_class() -> type:
+    """``fully_shard``'s ``FSDPParamGroup`` (its ``unshard``/``reshard``/``post_backward``)."""
+    return fsdp_param_group_module().FSDPParamGroup
+
+
+def fsdp1_no_reshard_after_forward_strategies() -> Tuple[Any, ...]:
+    """FSDP1 sharding strategies that keep parameters unsharded after forward (``_init_utils``)."""
+    from torch.distributed.fsdp import _init_utils
+
+    return tuple(_init_utils.NO_RESHARD_AFTER_FORWARD_STRATEGIES)
+
+
+def fsdp1_assert_idle(fsdp_model: Any) -> None:
+    """Raise unless an FSDP1 root is back in its IDLE training state (after a full step)."""
+    from torch.distributed.fsdp._common_utils import TrainingState
+
+    fsdp_model._assert_state(TrainingState.IDLE)
+
+
+@functools.cache
+def _cuda_cycles_per_ms() -> float:
+    """How many ``torch.cuda._sleep`` cycles take a millisecond on this GPU (measured once)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 1_000_000
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / max(start.elapsed_time(end), 1e-3)
+
+
+def cuda_stream_sleep(ms: float) -> None:
+    """Keep the current CUDA stream busy for about ``ms`` milliseconds (``torch.cuda._sleep``),
+    without blocking the host: what delays a GPU-side collective or reshard."""
+    import torch
+
+    torch.cuda._sleep(int(ms * _cuda_cycles_per_ms()))
+
+
 def register_post_backward_function() -> type:
     """``fully_shard``'s autograd Function whose backward runs a param group's post-backward."""
     return first_attr(
@@ -449,6 +514,53 @@ def fault_checkpoint_load_noop() -> None:
     dcp.load = lambda state_dict, **kwargs: None
 
 
+class _ScaledReductionDist:
+    """``torch.distributed`` as an FSDP runtime module sees it, except that each reduce-scatter
+    and all-reduce result (FSDP reduces only gradients with them) is multiplied by ``factor``."""
+
+    def __init__(self, factor: float) -> None:
+        import torch.distributed
+
+        self._dist = torch.distributed
+        self._factor = factor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dist, name)
+
+    def _scaled(self, collective: str, result: Any, *args: Any, **kwargs: Any) -> Any:
+        work = getattr(self._dist, collective)(*args, **kwargs)
+        if work is not None:
+            work.wait()
+        result.mul_(self._factor)
+        return work
+
+    def reduce_scatter_single(self, output: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._scaled("reduce_scatter_single", output, output, input, *args, **kwargs)
+
+    def reduce_scatter_tensor(self, output: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._scaled("reduce_scatter_tensor", output, output, input, *args, **kwargs)
+
+    def all_reduce(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._scaled("all_reduce", tensor, tensor, *args, **kwargs)
+
+
+def fault_gradient_reduction_scaled() -> None:
+    """Every gradient FSDP1 or ``fully_shard`` reduce-scatters or all-reduces comes out 3x.
+
+    A constant scale that Adam barely sees: only a test that compares gradients catches it.
+    DDP reduces in C++ and stays correct, so it remains a valid reference.
+    """
+    scaled = _ScaledReductionDist(3.0)
+    fsdp1_runtime_module().dist = scaled
+    for package in ("fsdp._fully_shard", "_composable.fsdp"):  # torch >= 2.6, older
+        try:
+            import_module(f"torch.distributed.{package}._fsdp_collectives").dist = scaled
+            return
+        except ImportError:
+            continue
+    raise ImportError("gradient_reduction_scaled: fully_shard's _fsdp_collectives not found")
+
+
 FAULTS: dict[str, Callable[[], None]] = {
     "fsdp1_gradient_sum_not_mean": fault_fsdp1_gradient_sum_not_mean,
     "fsdp1_gradient_not_reduced": fault_fsdp1_gradient_not_reduced,
@@ -463,6 +575,7 @@ FAULTS: dict[str, Callable[[], None]] = {
     "frozen_not_resharded_in_backward": fault_frozen_not_resharded_in_backward,
     "post_backward_outside_autograd": fault_post_backward_outside_autograd,
     "checkpoint_load_noop": fault_checkpoint_load_noop,
+    "gradient_reduction_scaled": fault_gradient_reduction_scaled,
 }
 
 

@@ -10,24 +10,149 @@ post-backward runs inside autograd. Patches are applied to what FSDP really call
 from __future__ import annotations
 
 import contextlib
+import copy
 import unittest
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Dict, Iterable, Iterator, List
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from harness import compat
+from harness import compat, devices
 
 __all__ = [
-    "assert_module_states",
+    "DummyProcessGroup",
     "_assert_module_states",
+    "_broadcast_state_dict",
+    "_get_state_dict",
+    "_zero_model",
+    "assert_module_states",
     "check_sharded_parity",
+    "get_devtype",
+    "get_full_params",
+    "patch_all_gather",
+    "patch_all_reduce",
+    "patch_foreach_all_gather",
+    "patch_foreach_reduce",
+    "patch_post_backward",
     "patch_reduce_scatter",
     "patch_register_post_backward_hook_backward",
+    "patch_reshard",
+    "patch_unshard",
     "reduce_scatter_with_assert",
+    "subtest_name",
 ]
+
+
+def get_devtype() -> torch.device:
+    """The device type FSDP tests run on, as a device: ``cuda`` with accelerators, else ``cpu``."""
+    return torch.device(devices.device_type())
+
+
+def subtest_name(test_name_mapping: Dict[str, str], *args: Any) -> str:
+    """A subtest's name: each arg's entry in ``test_name_mapping`` (looked up by ``str(arg)``;
+    ``"none"`` for None), joined by ``_``. Upstream files build parametrize names with it."""
+    names = []
+    for arg in args:
+        if arg is None:
+            names.append("none")
+        elif str(arg) in test_name_mapping:
+            names.append(test_name_mapping[str(arg)])
+        else:
+            raise KeyError(
+                f"subtest_name: {str(arg)!r} is not a key of test_name_mapping "
+                f"(keys: {', '.join(map(repr, test_name_mapping))})"
+            )
+    return "_".join(names)
+
+
+def get_full_params(model: nn.Module, recurse: bool = True) -> List[nn.Parameter]:
+    """Copies of ``model``'s unsharded (FSDP1 ``summon_full_params``) parameters.
+
+    ``recurse=False`` unshards only the parameters of ``model``'s own FSDP instance.
+    """
+    with FSDP.summon_full_params(model, recurse=recurse):
+        return copy.deepcopy(list(model.parameters()))
+
+
+def _zero_model(model: nn.Module, zero_buffers: bool = False, summon_full: bool = True) -> None:
+    """Zero ``model``'s parameters (and buffers) in place, unsharded first when ``summon_full``:
+    a state-dict round trip that silently loads nothing then breaks parity."""
+    context = FSDP.summon_full_params(model) if summon_full else contextlib.nullcontext()
+    with context, torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+        if zero_buffers:
+            for buffer in model.buffers():
+                buffer.zero_()
+
+
+def _get_state_dict(
+    model: nn.Module, cpu_offload: bool = False, half: bool = False
+) -> Dict[str, Any]:
+    """``model``'s state dict, after moving it to the test device (unless ``cpu_offload``) and
+    casting it to half precision (when ``half``); both change ``model`` in place."""
+    if not cpu_offload:
+        model = model.to(get_devtype())
+    if half:
+        model.half()
+    return model.state_dict()
+
+
+def _broadcast_state_dict(rank: int, state_dict: Dict[str, Any]) -> Dict[str, Any]:
+    """Rank 0's ``state_dict`` on every rank (sent through the CPU), on the test device."""
+    for name, value in state_dict.items():
+        if value.device != torch.device("cpu"):
+            state_dict[name] = value.cpu()
+    holder = [state_dict if rank == 0 else None]
+    dist.broadcast_object_list(holder)
+    received = holder[0]
+    assert received is not None  # rank 0 sent it
+    device = get_devtype()
+    return {name: value.to(device) for name, value in received.items()}
+
+
+class _CompletedWork:
+    """A finished collective: what DummyProcessGroup's collectives return."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(1)
+        return future
+
+
+class DummyProcessGroup:
+    """A stand-in process group of a given rank and size whose ``allreduce`` completes at once
+    without communicating: for unit tests of code (communication hooks, state) that only asks a
+    group its rank and size or waits on its work."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        if size < 1 or not 0 <= rank < size:
+            raise ValueError(
+                f"DummyProcessGroup needs 0 <= rank < size, got rank={rank}, size={size}"
+            )
+        self._rank = rank
+        self._size = size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def allreduce(self, *args: Any, **kwargs: Any) -> _CompletedWork:
+        return _CompletedWork()
 
 
 def assert_module_states(
@@ -131,6 +256,32 @@ def _barrier_if_initialized() -> None:
         dist.barrier()
 
 
+def _check_callable(helper: str, value: Any) -> None:
+    if not callable(value):
+        raise TypeError(f"{helper}: expected a callable, got {value!r}")
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, new: Any) -> Iterator[None]:
+    """Set ``owner.name = new`` for the block, restoring exactly what was there on exit.
+
+    Ranks barrier after reading the original and before restoring it, so rank threads (which
+    share the patched object) all see the same original and all run patched inside the block.
+    """
+    namespace = vars(owner)
+    had_own, original = name in namespace, namespace.get(name)
+    _barrier_if_initialized()
+    setattr(owner, name, new)
+    try:
+        yield
+    finally:
+        _barrier_if_initialized()
+        if had_own:
+            setattr(owner, name, original)
+        else:
+            delattr(owner, name)
+
+
 @contextlib.contextmanager
 def patch_reduce_scatter(new_reduce_scatter: Callable[..., Any]) -> Iterator[None]:
     """Replace the reduce-scatter that FSDP calls for gradients by ``new_reduce_scatter``.
@@ -138,17 +289,73 @@ def patch_reduce_scatter(new_reduce_scatter: Callable[..., Any]) -> Iterator[Non
     ``new_reduce_scatter`` receives FSDP's arguments unchanged (``output``, ``input``, ``op``,
     ``group``, ``async_op``; positionally or by keyword). The original is restored on exit.
     """
-    if not callable(new_reduce_scatter):
-        raise TypeError(f"patch_reduce_scatter: expected a callable, got {new_reduce_scatter!r}")
-    name = compat.fsdp_reduce_scatter_name()
-    original = getattr(dist, name)
-    _barrier_if_initialized()
-    setattr(dist, name, new_reduce_scatter)
-    try:
+    _check_callable("patch_reduce_scatter", new_reduce_scatter)
+    with _patched(dist, compat.fsdp_reduce_scatter_name(), new_reduce_scatter):
         yield
-    finally:
-        _barrier_if_initialized()
-        setattr(dist, name, original)
+
+
+@contextlib.contextmanager
+def patch_all_gather(new_all_gather_into_tensor: Callable[..., Any]) -> Iterator[None]:
+    """Replace the single-tensor all-gather (``output``, ``input``, ``group``, ``async_op``) that
+    ``fully_shard`` unshards with, as FSDP1 does on accelerators (FSDP1 on CPU all-gathers into a
+    list instead); the original is restored on exit."""
+    _check_callable("patch_all_gather", new_all_gather_into_tensor)
+    with _patched(dist, compat.fsdp_all_gather_name(), new_all_gather_into_tensor):
+        yield
+
+
+@contextlib.contextmanager
+def patch_all_reduce(new_all_reduce: Callable[..., Any]) -> Iterator[None]:
+    """Replace ``torch.distributed.all_reduce`` (what FSDP calls for HSDP's replica reduction and
+    for ``NO_SHARD`` gradients); the original is restored on exit."""
+    _check_callable("patch_all_reduce", new_all_reduce)
+    with _patched(dist, "all_reduce", new_all_reduce):
+        yield
+
+
+@contextlib.contextmanager
+def patch_foreach_all_gather(new_foreach_all_gather: Callable[..., Any]) -> Iterator[None]:
+    """Replace ``fully_shard``'s ``foreach_all_gather`` as its param groups call it (same
+    arguments); the original is restored on exit."""
+    _check_callable("patch_foreach_all_gather", new_foreach_all_gather)
+    with _patched(compat.fsdp_param_group_module(), "foreach_all_gather", new_foreach_all_gather):
+        yield
+
+
+@contextlib.contextmanager
+def patch_foreach_reduce(new_foreach_reduce: Callable[..., Any]) -> Iterator[None]:
+    """Replace ``fully_shard``'s ``foreach_reduce`` (gradient reduce-scatter and all-reduce of a
+    param group) as its param groups call it; the original is restored on exit."""
+    _check_callable("patch_foreach_reduce", new_foreach_reduce)
+    with _patched(compat.fsdp_param_group_module(), "foreach_reduce", new_foreach_reduce):
+        yield
+
+
+@contextlib.contextmanager
+def patch_unshard(new_unshard: Callable[..., Any]) -> Iterator[None]:
+    """Replace ``FSDPParamGroup.unshard`` (a method: it receives the param group first, then
+    ``async_op``); the original is restored on exit."""
+    _check_callable("patch_unshard", new_unshard)
+    with _patched(compat.fsdp_param_group_class(), "unshard", new_unshard):
+        yield
+
+
+@contextlib.contextmanager
+def patch_reshard(new_reshard: Callable[..., Any]) -> Iterator[None]:
+    """Replace ``FSDPParamGroup.reshard`` (a method taking the param group); the original is
+    restored on exit."""
+    _check_callable("patch_reshard", new_reshard)
+    with _patched(compat.fsdp_param_group_class(), "reshard", new_reshard):
+        yield
+
+
+@contextlib.contextmanager
+def patch_post_backward(new_post_backward: Callable[..., Any]) -> Iterator[None]:
+    """Replace ``FSDPParamGroup.post_backward`` (a method taking the param group and any
+    unused arguments); the original is restored on exit."""
+    _check_callable("patch_post_backward", new_post_backward)
+    with _patched(compat.fsdp_param_group_class(), "post_backward", new_post_backward):
+        yield
 
 
 @contextlib.contextmanager
@@ -159,19 +366,10 @@ def patch_register_post_backward_hook_backward(new_backward: Callable[..., Any])
     post-backward (as opposed to the end-of-backward callback); it usually counts and then
     calls the original. The original is restored on exit.
     """
-    if not callable(new_backward):
-        raise TypeError(
-            f"patch_register_post_backward_hook_backward: expected a callable, got {new_backward!r}"
-        )
+    _check_callable("patch_register_post_backward_hook_backward", new_backward)
     function_cls = compat.register_post_backward_function()
-    original = function_cls.__dict__["backward"]
-    _barrier_if_initialized()
-    function_cls.backward = staticmethod(new_backward)
-    try:
+    with _patched(function_cls, "backward", staticmethod(new_backward)):
         yield
-    finally:
-        _barrier_if_initialized()
-        function_cls.backward = original
 
 
 def reduce_scatter_with_assert(

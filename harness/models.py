@@ -1,25 +1,39 @@
-"""Small models the FSDP suites build, wrap and train.
+"""Small models the FSDP suites build, wrap and train: upstream common_fsdp's test models.
 
-They are deliberately tiny (fast on CPU) but shaped to exercise FSDP: nested wrapping,
-shared parameters, buffers of several dtypes. Placement follows the harness device:
-``DEVICE_BEFORE``/``DEVICE_AFTER`` mean "the rank's current device", which is the
-current CUDA device on accelerators and the CPU otherwise, so the same test runs on
-both.
+They keep upstream's structure, parameter counts, ``init`` signatures, inputs and losses, so a
+test file written against ``torch.testing._internal.common_fsdp`` builds the same models here.
+Placement follows the harness device: ``DEVICE_BEFORE``/``DEVICE_AFTER`` mean "the rank's
+current device", the current CUDA device on accelerators and the CPU otherwise, and on CPU the
+models hand FSDP1 the CPU as its ``device_id`` (FSDP1 refuses a CPU module otherwise), so the
+same test runs on both.
 """
 
 from __future__ import annotations
 
+import re
+import time
+from abc import ABC, abstractmethod
 from enum import Enum
 from typing import Any, Dict, Optional, Tuple, Union
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp import ShardingStrategy
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.distributed.fsdp import ShardingStrategy, fully_shard
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy, always_wrap_policy
+from torch.distributed.tensor import Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
+from harness import compat
 from harness.devices import device_type
 
 GroupArg = Union[dist.ProcessGroup, Tuple[dist.ProcessGroup, dist.ProcessGroup]]
@@ -57,6 +71,18 @@ def current_device() -> torch.device:
     return torch.device(kind, torch.cuda.current_device())
 
 
+def fsdp_kwargs_for_device(fsdp_kwargs: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """A copy of ``fsdp_kwargs`` that FSDP1 accepts on this machine.
+
+    Without an accelerator FSDP1 refuses to wrap unless ``device_id`` names the CPU, so on
+    CPU ``device_id`` defaults to it; on accelerators the kwargs are unchanged (upstream's).
+    """
+    kwargs = dict(fsdp_kwargs or {})
+    if device_type() == "cpu":
+        kwargs.setdefault("device_id", torch.device("cpu"))
+    return kwargs
+
+
 def _resolve_device_mode(
     device_init_mode: Optional[DEVICEInitMode], cuda_init_mode: Optional[DEVICEInitMode]
 ) -> DEVICEInitMode:
@@ -75,7 +101,42 @@ def _check_fsdp_mode(fsdp_init_mode: Any) -> FSDPInitMode:
     return fsdp_init_mode
 
 
-class NestedWrappedModule(nn.Module):
+def _placed(layer: nn.Module, move: bool) -> nn.Module:
+    return layer.to(current_device()) if move else layer
+
+
+def _delay(ms: float) -> None:
+    """Hold back the rank for ``ms``: its GPU stream on CUDA (as upstream), the host on CPU."""
+    if ms <= 0:
+        return
+    if device_type() == "cuda":
+        compat.cuda_stream_sleep(ms)
+    else:
+        time.sleep(ms / 1000)
+
+
+class FSDPTestModel(nn.Module, ABC):
+    """The interface FSDP parity tests expect from a model (inputs, loss, backward, init)."""
+
+    @abstractmethod
+    def get_input(self, device: Union[torch.device, str]) -> Tuple[torch.Tensor, ...]:
+        """An input for the model, as a tuple of positional arguments."""
+
+    @abstractmethod
+    def get_loss(self, input: Any, output: Any) -> torch.Tensor:
+        """The loss for ``output`` computed from ``input``."""
+
+    @abstractmethod
+    def run_backward(self, loss: torch.Tensor) -> None:
+        """The backward pass (``loss.backward()`` plus whatever the model adds)."""
+
+    @staticmethod
+    @abstractmethod
+    def init(*args: Any, **kwargs: Any) -> nn.Module:
+        """Build an instance (optionally FSDP-wrapped)."""
+
+
+class NestedWrappedModule(FSDPTestModel):
     """Four linear layers in a Sequential, the middle ones wrappable with nested FSDP.
 
     Layout (``module``): Linear(8, 4), Sequential(Linear(4, 16), Linear(16, 16)),
@@ -94,28 +155,33 @@ class NestedWrappedModule(nn.Module):
         super().__init__()
         self.rank = group.rank()
         self.world_size = group.size()
-        if deterministic:
-            torch.manual_seed(0)
-        place = device_init_mode == DEVICEInitMode.DEVICE_BEFORE
-        device = current_device()
-
-        def placed(layer: nn.Module) -> nn.Module:
-            return layer.to(device) if place else layer
+        move = device_init_mode == DEVICEInitMode.DEVICE_BEFORE
+        kwargs = fsdp_kwargs_for_device(fsdp_kwargs) if wrap_fsdp else {}
 
         def wrapped(layer: nn.Module) -> nn.Module:
-            return FSDP(layer, group, **fsdp_kwargs) if wrap_fsdp else layer
+            return FSDP(layer, group, **kwargs) if wrap_fsdp else layer
 
+        if deterministic:
+            torch.manual_seed(0)
         self.module = nn.Sequential(
-            placed(nn.Linear(8, 4)),
-            wrapped(nn.Sequential(wrapped(placed(nn.Linear(4, 16))), placed(nn.Linear(16, 16)))),
-            wrapped(placed(nn.Linear(16, 4))),
-            placed(nn.Linear(4, 8)),
+            _placed(nn.Linear(8, 4), move),
+            wrapped(
+                nn.Sequential(
+                    wrapped(_placed(nn.Linear(4, 16), move)), _placed(nn.Linear(16, 16), move)
+                )
+            ),
+            wrapped(_placed(nn.Linear(16, 4), move)),
+            _placed(nn.Linear(4, 8), move),
         )
 
     def get_input(self, device: Union[torch.device, str]) -> Tuple[torch.Tensor]:
-        """A (4, 8) batch, different per rank but the same every call."""
-        generator = torch.Generator().manual_seed(1 + self.rank)
-        return (torch.rand(4, 8, generator=generator).to(device),)
+        """A (4, 8) batch, different per rank but the same every call.
+
+        As upstream, it reseeds torch's global generator with ``1 + rank`` (later random
+        draws, such as dropout, then also repeat across runs).
+        """
+        torch.manual_seed(1 + self.rank)
+        return (torch.rand(4, 8, device=device),)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.module(x)
@@ -146,7 +212,283 @@ class NestedWrappedModule(nn.Module):
         return model
 
 
-class TransformerWithSharedParams(nn.Module):
+class AlwaysWrapNestedWrappedModule(NestedWrappedModule):
+    """NestedWrappedModule whose ``RECURSIVE`` init wraps every module, top level included
+    (FSDP with ``always_wrap_policy`` on the default group)."""
+
+    @staticmethod
+    def init(  # type: ignore[override]
+        group: dist.ProcessGroup,
+        fsdp_init_mode: FSDPInitMode,
+        device_init_mode: Optional[DEVICEInitMode] = None,
+        fsdp_kwargs: Optional[Dict[str, Any]] = None,
+        deterministic: bool = False,
+        *,
+        cuda_init_mode: Optional[DEVICEInitMode] = None,
+    ) -> nn.Module:
+        mode = _resolve_device_mode(device_init_mode, cuda_init_mode)
+        model = NestedWrappedModule.init(
+            group, FSDPInitMode.NO_FSDP, mode, deterministic=deterministic
+        )
+        if _check_fsdp_mode(fsdp_init_mode) == FSDPInitMode.NO_FSDP:
+            return model
+        fsdp_model = FSDP(
+            model, auto_wrap_policy=always_wrap_policy, **fsdp_kwargs_for_device(fsdp_kwargs)
+        )
+        if mode == DEVICEInitMode.DEVICE_AFTER:
+            fsdp_model = fsdp_model.to(current_device())
+        return fsdp_model
+
+
+class NonUniformReqGradNWM(NestedWrappedModule):
+    """NestedWrappedModule whose last two linears sit in one FSDP-wrapped Sequential and are the
+    only parameters that require gradients, so some ranks hold no trainable (non-empty) shard;
+    ``ShardedGradScaler`` and ``use_orig_params=True`` must cope with that."""
+
+    REQ_GRAD_PATTERN = re.compile(r"module\.2.*\.1.*")
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        wrap_fsdp: bool,
+        device_init_mode: DEVICEInitMode,
+        deterministic: bool,
+        **fsdp_kwargs: Any,
+    ) -> None:
+        nn.Module.__init__(self)
+        self.rank = group.rank()
+        self.world_size = group.size()
+        move = device_init_mode == DEVICEInitMode.DEVICE_BEFORE
+        kwargs = fsdp_kwargs_for_device(fsdp_kwargs) if wrap_fsdp else {}
+
+        def wrapped(layer: nn.Module) -> nn.Module:
+            return FSDP(layer, group, **kwargs) if wrap_fsdp else layer
+
+        if deterministic:
+            torch.manual_seed(0)
+        self.module = nn.Sequential(
+            _placed(nn.Linear(8, 4), move),
+            wrapped(
+                nn.Sequential(
+                    wrapped(_placed(nn.Linear(4, 16), move)), _placed(nn.Linear(16, 16), move)
+                )
+            ),
+            wrapped(nn.Sequential(_placed(nn.Linear(16, 4), move), _placed(nn.Linear(4, 8), move))),
+        )
+
+    @staticmethod
+    def _set_nonuniform_req_grad(model: nn.Module, req_grad_mask: re.Pattern[str]) -> None:
+        for name, param in model.named_parameters():
+            if not re.match(req_grad_mask, name):
+                param.requires_grad_(False)
+
+    @staticmethod
+    def init(  # type: ignore[override]
+        group: dist.ProcessGroup,
+        fsdp_init_mode: FSDPInitMode,
+        device_init_mode: Optional[DEVICEInitMode] = None,
+        fsdp_kwargs: Optional[Dict[str, Any]] = None,
+        deterministic: bool = False,
+        *,
+        cuda_init_mode: Optional[DEVICEInitMode] = None,
+    ) -> nn.Module:
+        """Build it (``RECURSIVE``: nested FSDP, no top level) and freeze all but ``module.2.1``."""
+        mode = _resolve_device_mode(device_init_mode, cuda_init_mode)
+        if _check_fsdp_mode(fsdp_init_mode) == FSDPInitMode.NO_FSDP:
+            model: nn.Module = NonUniformReqGradNWM(group, False, mode, deterministic)
+        else:
+            model = NonUniformReqGradNWM(group, True, mode, deterministic, **(fsdp_kwargs or {}))
+            if mode == DEVICEInitMode.DEVICE_AFTER:
+                model = model.to(current_device())
+        NonUniformReqGradNWM._set_nonuniform_req_grad(model, NonUniformReqGradNWM.REQ_GRAD_PATTERN)
+        return model
+
+
+class ModuleWithDelay(FSDPTestModel):
+    """Wraps an FSDPTestModel and delays the rank after the loss and/or before each gradient
+    reduce-scatter, to shake out races between computation and communication."""
+
+    def __init__(
+        self, module: nn.Module, delay_after_loss_ms: int, delay_before_reduction_ms: int
+    ) -> None:
+        super().__init__()
+        self.delay_after_loss_ms = delay_after_loss_ms
+        self.delay_before_reduction_ms = delay_before_reduction_ms
+        self.module = module
+
+    def get_input(self, device: Union[torch.device, str]) -> Tuple[torch.Tensor, ...]:
+        return self.module.get_input(device)  # type: ignore[operator]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x)
+
+    def get_loss(self, input: Any, output: Any) -> torch.Tensor:
+        loss = self.module.get_loss(input, output)  # type: ignore[operator]
+        _delay(self.delay_after_loss_ms)
+        return loss
+
+    def run_backward(self, loss: torch.Tensor) -> None:
+        name = compat.fsdp_reduce_scatter_name()
+        orig_reduce_scatter = getattr(dist, name)
+
+        def delayed_reduce_scatter(*args: Any, **kwargs: Any) -> Any:
+            _delay(self.delay_before_reduction_ms)
+            return orig_reduce_scatter(*args, **kwargs)
+
+        with mock.patch.object(dist, name, delayed_reduce_scatter):
+            self.module.run_backward(loss)  # type: ignore[operator]
+
+    @staticmethod
+    def init(  # type: ignore[override]
+        module_class: type,
+        *model_args: Any,
+        delay_after_loss_ms: int,
+        delay_before_reduction_ms: int,
+        **model_kwargs: Any,
+    ) -> nn.Module:
+        """``module_class.init(*model_args, **model_kwargs)`` wrapped with the delays (in ms)."""
+        return ModuleWithDelay(
+            module_class.init(*model_args, **model_kwargs),
+            delay_after_loss_ms,
+            delay_before_reduction_ms,
+        )
+
+
+class NestedWrappedModuleWithDelay(ModuleWithDelay):
+    """A NestedWrappedModule inside ModuleWithDelay (``DEVICE_AFTER`` by default, as upstream)."""
+
+    @staticmethod
+    def init(  # type: ignore[override]
+        group: dist.ProcessGroup,
+        fsdp_init_mode: FSDPInitMode,
+        device_init_mode: DEVICEInitMode = DEVICEInitMode.DEVICE_AFTER,
+        fsdp_kwargs: Optional[Dict[str, Any]] = None,
+        deterministic: bool = False,
+        delay_after_loss_ms: int = 0,
+        delay_before_reduction_ms: int = 0,
+    ) -> nn.Module:
+        return ModuleWithDelay.init(
+            NestedWrappedModule,
+            group=group,
+            fsdp_init_mode=fsdp_init_mode,
+            device_init_mode=device_init_mode,
+            fsdp_kwargs=fsdp_kwargs,
+            deterministic=deterministic,
+            delay_after_loss_ms=delay_after_loss_ms,
+            delay_before_reduction_ms=delay_before_reduction_ms,
+        )
+
+
+class DummyDDP(nn.Module):
+    """A pass-through wrapper with DDP's ``.module`` attribute (a reference without DDP's hooks)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+
+class MixtureOfExperts(NestedWrappedModule):
+    """Linear(8, 12), a shared Linear(12, 23), a per-rank expert Linear(23, 12), Linear(12, 8).
+
+    The expert's parameters (marked ``p.expert = True``) differ per rank and are never reduced;
+    with wrapping, the expert gets an FSDP instance over a one-rank group (no sharding) and
+    the shared layer one over ``group``.
+    """
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        wrap_fsdp: bool,
+        device_init_mode: DEVICEInitMode,
+        delay_before_free_ms: int,
+        deterministic: bool,
+        **fsdp_kwargs: Any,
+    ) -> None:
+        super().__init__(
+            group=group,
+            wrap_fsdp=wrap_fsdp,
+            device_init_mode=device_init_mode,
+            deterministic=deterministic,
+        )
+        self.group = group
+        self.delay_before_free_ms = delay_before_free_ms
+        self.wrap_fsdp = wrap_fsdp
+        self.move_to_device = device_init_mode == DEVICEInitMode.DEVICE_BEFORE
+        if deterministic:
+            torch.manual_seed(42 + self.rank)  # each rank its own expert
+        d_expert, d_shared, d_input = 23, 12, 8
+        expert: nn.Module = _placed(nn.Linear(d_expert, d_shared), self.move_to_device)
+        self.num_expert_params = sum(p.numel() for p in expert.parameters())
+        for param in expert.parameters():
+            param.expert = True  # type: ignore[attr-defined]
+        if deterministic:
+            torch.manual_seed(0)  # everything else the same on every rank
+        shared: nn.Module = _placed(nn.Linear(d_shared, d_expert), self.move_to_device)
+        if wrap_fsdp:
+            kwargs = fsdp_kwargs_for_device(fsdp_kwargs)
+            expert_group = dist.new_group([group.rank()])  # one rank: the expert is not sharded
+            expert = FSDP(expert, expert_group, **kwargs)
+            shared = FSDP(shared, group, **kwargs)
+        self.module = nn.Sequential(
+            _placed(nn.Linear(d_input, d_shared), self.move_to_device),
+            shared,
+            expert,
+            _placed(nn.Linear(d_shared, d_input), self.move_to_device),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        expert = self.module[2]
+        if self.delay_before_free_ms > 0 and isinstance(expert, FSDP):
+            runtime = compat.fsdp1_runtime_module()
+            orig_reshard = runtime._reshard
+
+            def delayed_reshard(*args: Any, **kwargs: Any) -> Any:
+                _delay(self.delay_before_free_ms)
+                return orig_reshard(*args, **kwargs)
+
+            with mock.patch.object(runtime, "_reshard", delayed_reshard):
+                return self.module(x)
+        return self.module(x)
+
+    def run_backward(self, loss: torch.Tensor) -> None:
+        """Backward; without FSDP, average the non-expert gradients over ``group`` by hand."""
+        loss.backward()
+        if self.wrap_fsdp:
+            return
+        with torch.no_grad():
+            for param in self.parameters():
+                if hasattr(param, "expert") or param.grad is None:
+                    continue
+                param.grad.div_(self.world_size)
+                dist.all_reduce(param.grad, group=self.group)
+
+    @staticmethod
+    def init(  # type: ignore[override]
+        group: dist.ProcessGroup,
+        fsdp_init_mode: FSDPInitMode,
+        device_init_mode: Optional[DEVICEInitMode] = None,
+        fsdp_kwargs: Optional[Dict[str, Any]] = None,
+        deterministic: bool = False,
+        delay_before_free_ms: int = 0,
+        *,
+        cuda_init_mode: Optional[DEVICEInitMode] = None,
+    ) -> nn.Module:
+        """Build it; ``RECURSIVE`` wraps the expert and shared layers (not the top level)."""
+        mode = _resolve_device_mode(device_init_mode, cuda_init_mode)
+        if _check_fsdp_mode(fsdp_init_mode) == FSDPInitMode.NO_FSDP:
+            return MixtureOfExperts(group, False, mode, delay_before_free_ms, deterministic)
+        model = MixtureOfExperts(
+            group, True, mode, delay_before_free_ms, deterministic, **(fsdp_kwargs or {})
+        )
+        if mode == DEVICEInitMode.DEVICE_AFTER:
+            model = model.to(current_device())
+        return model
+
+
+class TransformerWithSharedParams(FSDPTestModel):
     """A tiny ``nn.Transformer`` whose output projection shares the embedding's weight.
 
     It also holds a float and a long buffer, and optionally a BatchNorm on the target
@@ -171,7 +513,8 @@ class TransformerWithSharedParams(nn.Module):
             torch.manual_seed(0)
         self.embed_tokens = nn.Embedding(self.VOCAB, self.D_MODEL)
         layer = nn.TransformerEncoderLayer(self.D_MODEL, nhead=8, dim_feedforward=8, dropout=0.1)
-        # Sequence-first inputs cannot use nested tensors; saying so avoids a warning per build.
+        # Upstream's nn.Transformer builds this same encoder (same draws from the generator);
+        # sequence-first inputs cannot use nested tensors, and saying so avoids a warning.
         encoder = nn.TransformerEncoder(
             layer, 2, nn.LayerNorm(self.D_MODEL), enable_nested_tensor=False
         )
@@ -184,8 +527,9 @@ class TransformerWithSharedParams(nn.Module):
         )
         self.output_proj = nn.Linear(self.D_MODEL, self.VOCAB)
         self.output_proj.weight = self.embed_tokens.weight
-        self.register_buffer("vocab_bias", torch.ones(self.D_MODEL))
-        self.register_buffer("long_buffer", torch.zeros(self.D_MODEL, dtype=torch.long))
+        self.register_buffer("vocab_bias", self.embed_tokens.weight.new_ones((self.D_MODEL,)))
+        self.register_buffer("long_buffer", torch.zeros_like(self.vocab_bias, dtype=torch.long))
+        self.bs = self.BATCH
         self.bn = nn.BatchNorm1d(self.BATCH) if add_bn else nn.Identity()
         if device_init_mode == DEVICEInitMode.DEVICE_BEFORE:
             self.to(current_device())
@@ -193,13 +537,19 @@ class TransformerWithSharedParams(nn.Module):
             self.eval()
 
     def get_input(self, device: Union[torch.device, str]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Source (6 x batch) and target (4 x batch) token ids, sequence-first."""
+        """Source (6 x batch) and target (4 x batch) token ids, sequence-first.
+
+        As upstream, it reseeds torch's global generator with ``1 + rank`` so that dropout
+        draws repeat across runs.
+        """
+        torch.manual_seed(1 + self.rank)
         src = torch.arange(12, device=device).view(6, self.BATCH)
         tgt = torch.arange(self.BATCH * 4, device=device).view(4, self.BATCH)
         return src, tgt
 
     def forward(self, src_ids: torch.Tensor, tgt_ids: torch.Tensor) -> torch.Tensor:
-        src = self.embed_tokens(src_ids) + self.vocab_bias + self.long_buffer
+        src = self.embed_tokens(src_ids)
+        src = src + self.vocab_bias + self.long_buffer.type_as(src)
         tgt = self.bn(self.embed_tokens(tgt_ids))
         return self.output_proj(self.transformer(src, tgt))
 
@@ -237,14 +587,14 @@ class TransformerWithSharedParams(nn.Module):
         model = TransformerWithSharedParams(model_group, mode, add_bn, deterministic)
         if _check_fsdp_mode(fsdp_init_mode) == FSDPInitMode.NO_FSDP:
             return model
-        kwargs = dict(fsdp_kwargs or {})
+        kwargs = fsdp_kwargs_for_device(fsdp_kwargs)
         policy = kwargs.pop(
             "auto_wrap_policy",
             ModuleWrapPolicy({nn.TransformerEncoderLayer, nn.TransformerDecoderLayer}),
         )
         hybrid = kwargs.get("sharding_strategy") in (
             ShardingStrategy.HYBRID_SHARD,
-            ShardingStrategy._HYBRID_SHARD_ZERO2,
+            compat.hybrid_shard_zero2(),
         )
         # Hybrid sharding with a single group lets FSDP build its intra/inter-node groups.
         fsdp_group = None if hybrid and not isinstance(group, tuple) else group
@@ -255,16 +605,16 @@ class TransformerWithSharedParams(nn.Module):
 
 
 class MLP(nn.Module):
-    """``out_proj(relu(in_proj(x)))`` (+ an optional buffer): the smallest trainable block."""
+    """``relu(out_proj(relu(in_proj(x))))`` (+ an optional buffer): the smallest trainable block."""
 
     def __init__(
         self,
         dim: int,
         device: Optional[Union[torch.device, str]] = None,
-        with_buffer: bool = False,
-        dim_multiplier: int = 4,
         *,
         bias: bool = True,
+        with_buffer: bool = False,
+        dim_multiplier: int = 4,
     ) -> None:
         super().__init__()
         if dim < 1 or dim_multiplier < 1:
@@ -281,10 +631,77 @@ class MLP(nn.Module):
             self.buffer = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = self.out_proj(F.relu(self.in_proj(x)))
+        z = F.relu(self.out_proj(F.relu(self.in_proj(x))))
         return z if self.buffer is None else z + self.buffer
 
     def reset_parameters(self) -> None:
         """Re-draw the buffer (the linears reset themselves); used after meta-device init."""
         if self.buffer is not None:
             nn.init.normal_(self.buffer)
+
+
+class MLPStack(nn.Sequential):
+    """Three MLPs (hidden x3, x4, x3: uneven shards) plus, for sequence parallelism, a LayerNorm;
+    ``parallelize`` applies tensor parallelism over ``tp_mesh`` and ``fully_shard`` over
+    ``dp_mesh`` (2D)."""
+
+    def __init__(self, mlp_dim: int, *, with_seq_parallel: bool = False) -> None:
+        modules: list[nn.Module] = [
+            MLP(mlp_dim, dim_multiplier=3),
+            MLP(mlp_dim),
+            MLP(mlp_dim, dim_multiplier=3),
+        ]
+        if with_seq_parallel:
+            modules.append(nn.LayerNorm(mlp_dim, bias=False))
+        super().__init__(*modules)
+        self.with_seq_parallel = with_seq_parallel
+
+    def parallelize(
+        self,
+        tp_mesh: DeviceMesh,
+        dp_mesh: DeviceMesh,
+        use_activation_checkpointing: bool,
+        **fsdp_kwargs: Any,
+    ) -> MLPStack:
+        """Tensor-parallel each MLP (activations stay DTensors), then shard each and the stack."""
+        last_out = (
+            RowwiseParallel(output_layouts=Shard(1))
+            if self.with_seq_parallel
+            else RowwiseParallel()
+        )
+        plan: Dict[str, Any] = {
+            "0.in_proj": ColwiseParallel(use_local_output=False),
+            "0.out_proj": RowwiseParallel(use_local_output=False),
+            "1.in_proj": ColwiseParallel(use_local_output=False),
+            "1.out_proj": RowwiseParallel(use_local_output=False),
+            "2.in_proj": ColwiseParallel(use_local_output=False),
+            "2.out_proj": last_out,
+        }
+        if self.with_seq_parallel:
+            plan["3"] = SequenceParallel(sequence_dim=1)
+        parallelize_module(self, device_mesh=tp_mesh, parallelize_plan=plan)
+        for module in self:
+            if isinstance(module, nn.LayerNorm):
+                continue
+            if use_activation_checkpointing:
+                compat.composable_checkpoint(module)
+            fully_shard(module, mesh=dp_mesh, **fsdp_kwargs)
+        fully_shard(self, mesh=dp_mesh, **fsdp_kwargs)
+        return self
+
+
+class DoubleLinear(nn.Module):
+    """Two linears on the same input: two outputs (``use_second_linear=True``) or an unused
+    module (``False``), for tests of multiple outputs and of unused parameters."""
+
+    def __init__(self, dim: int, use_second_linear: bool = True) -> None:
+        super().__init__()
+        self.lin1 = nn.Linear(dim, dim)
+        self.lin2 = nn.Linear(dim, dim)
+        self.relu = nn.ReLU()
+        self.use_second_linear = use_second_linear
+
+    def forward(self, x: torch.Tensor) -> Union[Tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        if self.use_second_linear:
+            return self.relu(self.lin1(x)), self.relu(self.lin2(x))
+        return self.relu(self.lin1(x))

@@ -1,25 +1,56 @@
-"""Tests for harness/models.py: shapes, placement, determinism, wrapping and bad input."""
+"""Tests for harness/models.py: upstream parity, shapes, placement, determinism, wrapping and
+bad input."""
 
 from __future__ import annotations
 
+import copy
+import os
+import subprocess
+import sys
+import tempfile
+import time
 import unittest
 import warnings
+from typing import Any, Dict, List
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.tensor import DTensor
 
+from harness import compat
 from harness.models import (
     MLP,
+    AlwaysWrapNestedWrappedModule,
     CUDAInitMode,
     DEVICEInitMode,
+    DoubleLinear,
+    DummyDDP,
     FSDPInitMode,
+    FSDPTestModel,
+    MixtureOfExperts,
+    MLPStack,
+    ModuleWithDelay,
     NestedWrappedModule,
+    NestedWrappedModuleWithDelay,
+    NonUniformReqGradNWM,
     TransformerWithSharedParams,
     current_device,
+    fsdp_kwargs_for_device,
 )
 from harness.testcase import TestCase
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROBE = os.path.join(ROOT, "tests", "upstream_style", "fsdp_model_probe.py")
+NWM_FAMILY = (
+    NestedWrappedModule,
+    AlwaysWrapNestedWrappedModule,
+    NonUniformReqGradNWM,
+    MixtureOfExperts,
+)
 
 
 class _Group:
@@ -58,7 +89,7 @@ class TestInitModes(TestCase):
             ((group, FSDPInitMode.NO_FSDP, "cpu"), {}, "must be a DEVICEInitMode"),
             ((group, "recursive", DEVICEInitMode.DEVICE_NEVER), {}, "must be an FSDPInitMode"),
         ]
-        for model_cls in (NestedWrappedModule, TransformerWithSharedParams):
+        for model_cls in (*NWM_FAMILY, TransformerWithSharedParams):
             for args, kwargs, message in cases:
                 with self.subTest(model=model_cls.__name__, message=message):
                     with self.assertRaisesRegex(ValueError, message) as caught:
@@ -67,19 +98,20 @@ class TestInitModes(TestCase):
 
 
 class TestMLP(TestCase):
-    def test_forward_is_out_proj_relu_in_proj(self) -> None:
+    def test_forward_is_relu_out_proj_relu_in_proj(self) -> None:
         mlp = MLP(3, dim_multiplier=2)
         self.assertEqual((6, 3), tuple(mlp.in_proj.weight.shape))
         self.assertEqual((3, 6), tuple(mlp.out_proj.weight.shape))
         self.assertIsNone(mlp.buffer)
         x = torch.randn(5, 3)
-        self.assertEqual(mlp.out_proj(torch.relu(mlp.in_proj(x))), mlp(x))
+        self.assertEqual(torch.relu(mlp.out_proj(torch.relu(mlp.in_proj(x)))), mlp(x))
 
     def test_buffer_is_added_and_registered(self) -> None:
         mlp = MLP(4, with_buffer=True)
         self.assertEqual(["buffer"], [name for name, _ in mlp.named_buffers()])
         x = torch.randn(2, 4)
-        self.assertEqual(mlp.out_proj(torch.relu(mlp.in_proj(x))) + mlp.buffer, mlp(x))
+        expected = torch.relu(mlp.out_proj(torch.relu(mlp.in_proj(x)))) + mlp.buffer
+        self.assertEqual(expected, mlp(x))
         before = mlp.buffer.clone()
         mlp.reset_parameters()
         self.assertNotEqual(before, mlp.buffer)
@@ -92,6 +124,171 @@ class TestMLP(TestCase):
     def test_bad_dim(self) -> None:
         with self.assertRaisesRegex(ValueError, "dim >= 1"):
             MLP(0)
+
+    def test_options_are_keyword_only_as_upstream(self) -> None:
+        with self.assertRaises(TypeError):
+            MLP(4, None, False)  # type: ignore[misc]
+
+
+class TestParityWithUpstream(TestCase):
+    """Every model, built from harness and from upstream's common_fsdp the same way, is the
+    same model: module types, parameter names/shapes/values, input, output, loss, gradients,
+    and the generator state its get_input leaves behind (tests/upstream_style/fsdp_model_probe.py
+    builds them, each source in its own interpreter)."""
+
+    results: Dict[str, Dict[str, Any]] = {}
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            procs = {}
+            for source in ("harness", "upstream"):
+                out = os.path.join(tmp, f"{source}.pt")
+                procs[source] = (
+                    subprocess.Popen(
+                        [sys.executable, PROBE, source, out],
+                        cwd=ROOT,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    ),
+                    out,
+                )
+            for source, (proc, out) in procs.items():
+                output, _ = proc.communicate(timeout=600)
+                if proc.returncode != 0:
+                    raise AssertionError(f"probe of {source} failed:\n{output}")
+                cls.results[source] = torch.load(out, weights_only=False)
+
+    def test_same_cases(self) -> None:
+        self.assertEqual(sorted(self.results["upstream"]), sorted(self.results["harness"]))
+        self.assertGreaterEqual(len(self.results["harness"]), 17)
+
+    def test_every_model_matches_upstream(self) -> None:
+        upstream, ours = self.results["upstream"], self.results["harness"]
+        for case in sorted(upstream):
+            for field in sorted(upstream[case]):
+                with self.subTest(case=case, field=field):
+                    self.assertIn(field, ours[case])
+                    self.assertEqual(upstream[case][field], ours[case][field])
+
+    def test_parameter_counts(self) -> None:
+        """Upstream's counts, spelled out so a structural change shows which model moved."""
+        expected = {
+            "NestedWrappedModule": 4 * 8 + 4 + 4 * 16 + 16 + 16 * 16 + 16 + 16 * 4 + 4 + 4 * 8 + 8,
+            "MixtureOfExperts": 8 * 12 + 12 + 12 * 23 + 23 + 23 * 12 + 12 + 12 * 8 + 8,
+            "MLP": 2 * 8 * 32 + 32 + 8,
+            "MLPStack": 2 * (2 * 8 * 24 + 24 + 8) + (2 * 8 * 32 + 32 + 8),
+            "DoubleLinear": 2 * (8 * 8 + 8),
+        }
+        for case, count in expected.items():
+            with self.subTest(case=case):
+                params = self.results["harness"][case]["params"]
+                self.assertEqual(count, sum(torch.Size(shape).numel() for _, shape, _ in params))
+
+
+class TestNewModelsWithoutFSDP(TestCase):
+    def test_every_test_model_is_an_fsdp_test_model(self) -> None:
+        with self.assertRaises(TypeError):
+            FSDPTestModel()  # type: ignore[abstract]
+        for model_cls in (*NWM_FAMILY, TransformerWithSharedParams, ModuleWithDelay):
+            with self.subTest(model=model_cls.__name__):
+                self.assertTrue(issubclass(model_cls, FSDPTestModel))
+
+    def test_always_wrap_without_fsdp_is_the_nested_module(self) -> None:
+        model = AlwaysWrapNestedWrappedModule.init(
+            _Group(0, 2), FSDPInitMode.NO_FSDP, DEVICEInitMode.DEVICE_NEVER
+        )
+        self.assertIsInstance(model, NestedWrappedModule)
+        self.assertEqual(4, len(model.module))
+
+    def test_nonuniform_req_grad_trains_only_the_last_linear(self) -> None:
+        model = NonUniformReqGradNWM.init(
+            _Group(0, 2), FSDPInitMode.NO_FSDP, DEVICEInitMode.DEVICE_NEVER
+        )
+        self.assertEqual(3, len(model.module))
+        trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+        self.assertEqual(["module.2.1.weight", "module.2.1.bias"], trainable)
+        inp = model.get_input("cpu")
+        model.run_backward(model.get_loss(inp, model(*inp)))
+        self.assertEqual(
+            trainable, [name for name, p in model.named_parameters() if p.grad is not None]
+        )
+
+    def test_mixture_of_experts_experts_differ_per_rank(self) -> None:
+        ranks = [
+            MixtureOfExperts.init(
+                _Group(rank, 2), FSDPInitMode.NO_FSDP, DEVICEInitMode.DEVICE_NEVER,
+                deterministic=True,
+            )
+            for rank in (0, 1)
+        ]
+        for model in ranks:
+            experts = [n for n, p in model.named_parameters() if getattr(p, "expert", False)]
+            self.assertEqual(["module.2.weight", "module.2.bias"], experts)
+            self.assertEqual(23 * 12 + 12, model.num_expert_params)
+        self.assertNotEqual(ranks[0].module[2].weight, ranks[1].module[2].weight)
+        self.assertEqual(ranks[0].module[1].weight, ranks[1].module[1].weight)
+        self.assertEqual(ranks[0].module[0].weight, ranks[1].module[0].weight)
+
+    def test_module_with_delay_delays_loss_and_reduce_scatter(self) -> None:
+        name = compat.fsdp_reduce_scatter_name()
+        calls: List[Any] = []
+        waited: List[float] = []
+
+        def recording_reduce_scatter(*args: Any, **kwargs: Any) -> str:
+            calls.append((args, kwargs))
+            return "work"
+
+        class Inner(NestedWrappedModule):
+            def run_backward(self, loss: torch.Tensor) -> None:
+                start = time.monotonic()
+                self.result = getattr(dist, name)("out", "in", group=None)
+                waited.append(time.monotonic() - start)
+                loss.backward()
+
+        inner = Inner(_Group(0, 2), False, DEVICEInitMode.DEVICE_NEVER, False)
+        model = ModuleWithDelay(inner, delay_after_loss_ms=50, delay_before_reduction_ms=60)
+        inp = model.get_input("cpu")
+        start = time.monotonic()
+        loss = model.get_loss(inp, model(*inp))
+        self.assertGreaterEqual(time.monotonic() - start, 0.05)
+        with mock.patch.object(dist, name, recording_reduce_scatter):
+            model.run_backward(loss)
+            self.assertIs(getattr(dist, name), recording_reduce_scatter, "not restored")
+        self.assertGreaterEqual(waited[0], 0.06)
+        self.assertEqual([(("out", "in"), {"group": None})], calls)
+        self.assertEqual("work", inner.result)
+        self.assertTrue(all(p.grad is not None for p in inner.parameters()))
+
+    def test_nested_wrapped_module_with_delay_defaults(self) -> None:
+        model = NestedWrappedModuleWithDelay.init(_Group(0, 2), FSDPInitMode.NO_FSDP)
+        self.assertIsInstance(model, ModuleWithDelay)
+        self.assertIsInstance(model.module, NestedWrappedModule)
+        self.assertEqual((0, 0), (model.delay_after_loss_ms, model.delay_before_reduction_ms))
+
+    def test_dummy_ddp_forwards(self) -> None:
+        inner = nn.Linear(3, 2)
+        wrapper = DummyDDP(inner)
+        x = torch.randn(4, 3)
+        self.assertIs(inner, wrapper.module)
+        self.assertEqual(inner(x), wrapper(x))
+
+    def test_double_linear_outputs(self) -> None:
+        model = DoubleLinear(4)
+        x = torch.randn(2, 4)
+        first, second = model(x)
+        self.assertEqual(torch.relu(model.lin1(x)), first)
+        self.assertEqual(torch.relu(model.lin2(x)), second)
+        model.use_second_linear = False
+        self.assertEqual(first, model(x))
+
+    def test_mlp_stack_layout(self) -> None:
+        self.assertEqual([24, 32, 24], [m.in_proj.out_features for m in MLPStack(8)])
+        with_sp = MLPStack(8, with_seq_parallel=True)
+        self.assertIsInstance(with_sp[3], nn.LayerNorm)
+        self.assertIsNone(with_sp[3].bias)
+        self.assertTrue(with_sp.with_seq_parallel)
 
 
 class TestModelsWithoutFSDP(TestCase):
@@ -211,6 +408,95 @@ class TestModelsWithFSDP(TestCase):
         # top level + 2 encoder + 2 decoder layers
         self.assertEqual(5, len(FSDP.fsdp_modules(model)))
         self._train_step(model)
+
+    def test_fsdp_kwargs_for_device(self) -> None:
+        kwargs = {"use_orig_params": True}
+        adapted = fsdp_kwargs_for_device(kwargs)
+        self.assertEqual({"use_orig_params": True}, kwargs, "the caller's kwargs changed")
+        if current_device().type == "cpu":
+            self.assertEqual(torch.device("cpu"), adapted.pop("device_id"))
+        self.assertEqual(kwargs, adapted)
+        self.assertEqual("given", fsdp_kwargs_for_device({"device_id": "given"})["device_id"])
+        on_cpu = current_device().type == "cpu"
+        expected = {"device_id": torch.device("cpu")} if on_cpu else {}
+        self.assertEqual(expected, fsdp_kwargs_for_device(None))
+
+    def test_wrapping_without_device_id_works_here(self) -> None:
+        """On CPU the models pass FSDP1 the CPU as device_id; without it FSDP1 refuses."""
+        group = dist.group.WORLD
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = NestedWrappedModule.init(
+                group, FSDPInitMode.RECURSIVE, DEVICEInitMode.DEVICE_BEFORE
+            )
+            if current_device().type == "cpu":
+                with self.assertRaisesRegex(RuntimeError, "accelerator"):
+                    FSDP(nn.Linear(2, 2), group)
+        self._train_step(model)
+
+    def test_always_wrap_wraps_every_module(self) -> None:
+        group = dist.group.WORLD
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AlwaysWrapNestedWrappedModule.init(
+                group, FSDPInitMode.RECURSIVE, DEVICEInitMode.DEVICE_AFTER
+            )
+        self.assertIsInstance(model, FSDP)
+        # root, module (Sequential), 4 top-level entries, the inner Sequential's 2 linears
+        self.assertEqual(8, len(FSDP.fsdp_modules(model)))
+        self._train_step(model)
+
+    def test_nonuniform_req_grad_recursive(self) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = NonUniformReqGradNWM.init(
+                dist.group.WORLD,
+                FSDPInitMode.RECURSIVE,
+                DEVICEInitMode.DEVICE_BEFORE,
+                {"use_orig_params": True},
+            )
+        self.assertEqual(3, len(FSDP.fsdp_modules(model)))
+        trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+        self.assertEqual(2, len(trainable))
+        self.assertTrue(all(".2." in name and name.endswith(("weight", "bias"))
+                            for name in trainable))
+        self._train_step(model)
+
+    def test_mixture_of_experts_recursive_with_delay(self) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = MixtureOfExperts.init(
+                dist.group.WORLD,
+                FSDPInitMode.RECURSIVE,
+                DEVICEInitMode.DEVICE_BEFORE,
+                delay_before_free_ms=20,
+            )
+        expert, shared = model.module[2], model.module[1]
+        self.assertIsInstance(expert, FSDP)
+        self.assertIsInstance(shared, FSDP)
+        self.assertEqual(1, dist.get_world_size(expert.process_group))
+        runtime = compat.fsdp1_runtime_module()
+        original = runtime._reshard
+        start = time.monotonic()
+        self._train_step(model)
+        self.assertGreaterEqual(time.monotonic() - start, 0.02)
+        self.assertIs(original, runtime._reshard, "the delayed reshard was not undone")
+
+    def test_mlp_stack_parallelize_on_a_2d_mesh(self) -> None:
+        mesh = init_device_mesh(current_device().type, (1, 1), mesh_dim_names=("dp", "tp"))
+        for with_seq_parallel in (False, True):
+            with self.subTest(with_seq_parallel=with_seq_parallel):
+                torch.manual_seed(0)
+                model = MLPStack(8, with_seq_parallel=with_seq_parallel)
+                ref = copy.deepcopy(model).to(current_device())
+                model.parallelize(mesh["tp"], mesh["dp"], use_activation_checkpointing=True)
+                self.assertTrue(all(isinstance(p, DTensor) for p in model.parameters()))
+                x = torch.randn(2, 3, 8, device=current_device())
+                out = model(x)
+                out = out.full_tensor() if isinstance(out, DTensor) else out
+                self.assertEqual(ref(x), out)
+                out.sum().backward()
+                self.assertTrue(all(p.grad is not None for p in model.parameters()))
 
     def test_custom_policy_is_used_and_kwargs_not_mutated(self) -> None:
         group = dist.group.WORLD
