@@ -63,6 +63,20 @@ def _misc(*tests: str) -> Tuple[Tuple[str, str], ...]:
     return tuple(("test_misc", test) for test in tests)
 
 
+# Every suite test that claims training parity with DDP or with an unsharded reference: each
+# compares gradients after every backward, so a wrongly scaled gradient fails it.
+_GRADIENT_PARITY_TESTS: Tuple[Tuple[str, str], ...] = (
+    ("test_fine_tune", "test_parity_with_ddp"),
+    ("test_fine_tune", "test_parity_with_non_frozen_fsdp"),
+    ("test_fine_tune", "test_hooks_multi_traversal"),
+    ("test_fully_shard_frozen", "test_train_mixed_requires_grad_per_group"),
+    ("test_fully_shard_frozen", "test_train_mixed_requires_grad_across_groups"),
+    ("test_fully_shard_frozen", "test_multi_forward_mixed_requires_grad"),
+) + _misc(
+    "TestFSDPMiscMultiProcess.test_fsdp_cpu_training",
+    "TestFSDPMiscMultiProcess.test_fsdp_not_all_outputs_used_in_loss",
+)
+
 # Keyed by the name of the test that checks the run; tests run in sorted order, which is the
 # order runs are started in.
 RUNS: Dict[str, Run] = {
@@ -73,12 +87,15 @@ RUNS: Dict[str, Run] = {
             "TestFSDPMiscMultiThread.test_fsdp_namedtuple",
             "TestFSDPMiscWorldSize1.test_unsafe_setattr",
         )
-        + (("test_fine_tune", "test_parity_with_ddp"),)
-        + (("test_exec_order", "test_invalid_first_iter_order"),),
+        + (("test_exec_order", "test_invalid_first_iter_order"),)
+        + _GRADIENT_PARITY_TESTS,
     ),
     "fsdp1_gradient_sum_not_mean": Run(
         "fsdp1_gradient_sum_not_mean",
-        _misc("TestFSDPMiscMultiProcess.test_fsdp_not_all_outputs_used_in_loss"),
+        _misc(
+            "TestFSDPMiscMultiProcess.test_fsdp_cpu_training",
+            "TestFSDPMiscMultiProcess.test_fsdp_not_all_outputs_used_in_loss",
+        ),
         "not close",
     ),
     "fsdp1_gradient_not_reduced": Run(
@@ -128,6 +145,9 @@ RUNS: Dict[str, Run] = {
         "reduce_scatter_sum_not_mean",
         (("test_fully_shard_frozen", "test_train_mixed_requires_grad_across_groups"),),
         "not close",
+    ),
+    "gradient_reduction_scaled": Run(
+        "gradient_reduction_scaled", _GRADIENT_PARITY_TESTS, "not close"
     ),
     "no_exec_order_check": Run(
         "no_exec_order_check",
@@ -287,8 +307,8 @@ class TestFSDPSuitesAreStrict(unittest.TestCase):
             self.assertTrue(fnmatch.filter(result.ran, pattern), f"{pattern} did not run")
 
     def test_fsdp1_gradient_sum_not_mean(self) -> None:
-        # test_fsdp_cpu_training cannot see this one: Adam's update is invariant to the
-        # scale of the gradient.
+        # Adam's update is nearly invariant to the gradient's scale: test_fsdp_cpu_training
+        # sees this only because it compares the gradients themselves.
         self._assert_fails("fsdp1_gradient_sum_not_mean")
 
     def test_fsdp1_gradient_not_reduced(self) -> None:
@@ -316,6 +336,11 @@ class TestFSDPSuitesAreStrict(unittest.TestCase):
         # Adam's update barely depends on the gradient's scale, so loss parity alone cannot
         # see this fault; check_sharded_parity compares the gradients themselves.
         self._assert_fails("reduce_scatter_sum_not_mean")
+
+    def test_gradient_reduction_scaled(self) -> None:
+        # Every parity test must see a constant scale of the reduced gradients, which Adam
+        # hides from the losses.
+        self._assert_fails("gradient_reduction_scaled")
 
     def test_no_exec_order_check(self) -> None:
         self._assert_fails("no_exec_order_check")
