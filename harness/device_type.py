@@ -193,8 +193,8 @@ def _class_device_type(device_cls: type) -> Optional[str]:
 def _device_type_names(value: DeviceTypes, what: str) -> Tuple[str, ...]:
     if value is None:
         return ()
-    if isinstance(value, str):
-        return (value,)
+    if isinstance(value, str):  # upstream tests membership in the string: "cpu,cuda" names two
+        return tuple(value.split(","))
     if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
         return tuple(value)
     raise TypeError(f"{what} must be a device type string or a sequence of them, got {value!r}")

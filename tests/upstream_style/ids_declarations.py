@@ -242,6 +242,7 @@ def device_type_scenarios(a: types.SimpleNamespace) -> Dict[str, Callable[[], Di
         "default": lambda: instantiate(generic()),
         "only_for_cpu_str": lambda: instantiate(generic(), only_for="cpu"),
         "only_for_cpu_tuple": lambda: instantiate(generic(), only_for=("cpu",)),
+        "only_for_comma_str": lambda: instantiate(generic(), only_for="cuda,cpu"),
         "only_for_accelerators": lambda: instantiate(generic(), only_for=("cuda", "hpu")),
         "except_for_cpu": lambda: instantiate(generic(), except_for="cpu"),
         "except_for_cuda_list": lambda: instantiate(generic(), except_for=["cuda"]),
