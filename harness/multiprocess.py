@@ -44,8 +44,11 @@ class MultiProcessTestCase(TestCase):
     timeout: float = devices.DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
     grid_sync_timeout: float = 30.0  # seconds a rank waits for the others after a grid point
 
-    def __init__(self, methodName: str = "runTest") -> None:  # noqa: N803 - unittest's naming
-        super().__init__(methodName)
+    def __init__(
+        self, method_name: str = "runTest", methodName: str = "runTest"  # noqa: N803 - unittest's
+    ) -> None:
+        # Both spellings, as upstream: unittest's `methodName` wins when given.
+        super().__init__(methodName if methodName != "runTest" else method_name)
         self.rank = MAIN_PROCESS_RANK
         self.file_name: Optional[str] = None
         self.init_method = ""

@@ -147,8 +147,11 @@ class MultiThreadedTestCase(TestCase):
     MAIN_THREAD_RANK = MAIN_THREAD_RANK
     timeout: float = devices.DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
 
-    def __init__(self, methodName: str = "runTest") -> None:  # noqa: N803 - unittest's naming
-        super().__init__(methodName)
+    def __init__(
+        self, method_name: str = "runTest", methodName: str = "runTest"  # noqa: N803 - unittest's
+    ) -> None:
+        # Both spellings, as upstream: unittest's `methodName` wins when given.
+        super().__init__(methodName if methodName != "runTest" else method_name)
         self._thread_rank = MAIN_THREAD_RANK
         self._threads: Optional[_RankThreads] = None
         self._world: Optional[thread_world.ThreadedWorld] = None

@@ -63,6 +63,7 @@ TEST_WITH_ROCM = _env_flag("PYTORCH_TEST_WITH_ROCM") or torch.version.hip is not
 # Meta's internal build; outside it only the upstream variable can turn it on.
 IS_FBCODE = _env_flag("PYTORCH_TEST_FBCODE")
 TEST_HPU = bool(hasattr(torch, "hpu") and torch.hpu.is_available())
+TEST_XPU = bool(hasattr(torch, "xpu") and torch.xpu.is_available())
 
 REQUIREMENTS_ATTR = "__harness_requires__"
 ACCELERATOR_DIST_BACKENDS = ("nccl", "xccl", "hccl")

@@ -343,6 +343,16 @@ class TestRankSideOfTheBase(unittest.TestCase):
         result, left = self.run_as_rank(destroy=False)
         self.assertEqual((result.failures, result.errors, left), ([], [], True))
 
+    def test_both_method_name_spellings_as_upstream(self) -> None:
+        class Case(MultiProcessTestCase):
+            def test_x(self) -> None:
+                raise AssertionError("not run here")
+
+        for case in (Case("test_x"), Case(method_name="test_x"), Case(methodName="test_x")):
+            self.assertEqual(case._testMethodName, "test_x")
+        with self.assertRaisesRegex(ValueError, "no such test method"):
+            Case(method_name="test_y")
+
     def test_is_master_and_distributed_test_base_helpers(self) -> None:
         case = DistributedTestBase("run")
         self.assertFalse(case.is_master)  # the supervising parent is no rank
