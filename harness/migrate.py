@@ -4,6 +4,9 @@ Users bring test files written against PyTorch's private testing modules; the fi
 they hit is changing every import by hand. This command rewrites each
 `from torch.testing._internal.<module> import a, b` whose names `harness.__all__` provides
 (under the same name) into `from harness import ...`, and leaves everything else as it is.
+The modules are those the harness stands in for (common_utils, common_device_type,
+common_distributed, common_fsdp, common_cuda, distributed._tensor.common_dtensor,
+distributed.checkpoint_utils); a name imported from any other private module stays.
 
 How the rewrite works (why it can be trusted on real files):
 - The source text is edited in place: `ast` only finds the import statements and their
@@ -19,7 +22,9 @@ How the rewrite works (why it can be trusted on real files):
   or one carrying comments between names, becomes a parenthesised one-name-per-line list.
 - A private import sharing its line with other code (`x = 1; from ... import a`) is
   rewritten where it stands, without merging.
-- Names it cannot map stay in their private import; module imports
+- Names it cannot map stay in their private import, which is rewritten with just those
+  names (one line if it fits, else one name per line, as ruff/black format it; a list that
+  was spread over parenthesised lines stays spread); module imports
   (`import torch.testing._internal.common_utils as cu`, `from torch.testing._internal
   import common_utils`) and star imports stay too. All are reported.
 - The result must parse (`ast.parse`) before it is written; files are written atomically
@@ -59,6 +64,12 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
 PRIVATE = "torch.testing._internal"
+# The upstream modules the harness stands in for (DESIGN.md). Only names imported from these
+# move: a same-named thing elsewhere (`with_comms` of `distributed._shard.sharded_tensor`)
+# is a different thing.
+MIRRORED = frozenset(f"{PRIVATE}.{module}" for module in (
+    "common_cuda", "common_device_type", "common_distributed", "common_fsdp", "common_utils",
+    "distributed._tensor.common_dtensor", "distributed.checkpoint_utils"))
 MAX_LINE = 100
 SKIP_DIRS = ("__pycache__",)
 
@@ -71,7 +82,7 @@ def harness_names() -> frozenset:
     """The names the harness provides, read at run time so that new names map at once."""
     import harness
 
-    return frozenset(harness.__all__)
+    return frozenset(name for name in harness.__all__ if hasattr(harness, name))
 
 
 @dataclass
@@ -116,6 +127,7 @@ class FileResult:
     moved: List[str] = field(default_factory=list)
     left: List[str] = field(default_factory=list)
     new_source: Optional[str] = None
+    encoding: str = "utf-8"
     error: Optional[str] = None
 
 
@@ -392,7 +404,7 @@ def _split(statement: Statement, names: frozenset) -> Tuple[List[Entry], List[En
     mapped: List[Entry] = []
     kept: List[Entry] = []
     for entry in statement.entries:
-        provided = entry.name in names and not is_submodule(statement.module, entry.name)
+        provided = statement.module in MIRRORED and entry.name in names
         (mapped if provided else kept).append(entry)
     return mapped, kept
 
@@ -486,7 +498,7 @@ def migrate_file(path: str, names: frozenset) -> FileResult:
     """Work out one file's migration without writing it."""
     result = FileResult(path)
     try:
-        text, _ = _read(path)
+        text, result.encoding = _read(path)
     except (OSError, SyntaxError, UnicodeDecodeError, LookupError) as error:
         result.error = f"cannot read: {_one_line(error)}"
         return result
@@ -511,10 +523,10 @@ def _one_line(error: object) -> str:
     return " ".join(str(error).split())
 
 
-def write_atomically(path: str, text: str) -> None:
-    """Replace the file's content in one rename, keeping its encoding and mode."""
+def write_atomically(path: str, text: str, encoding: str) -> None:
+    """Replace the file's content in one rename (a reader never sees half a file), keeping
+    its mode; a symbolic link keeps pointing at the file it named."""
     real = os.path.realpath(path)
-    _, encoding = _read(real)
     mode = stat.S_IMODE(os.stat(real).st_mode)
     folder, name = os.path.split(real)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".migrate")
@@ -575,7 +587,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for result in results:
         if result.new_source is not None and not args.check:
             try:
-                write_atomically(result.path, result.new_source)
+                write_atomically(result.path, result.new_source, result.encoding)
             except OSError as error:
                 result.error = f"cannot write: {_one_line(error)}"
                 result.moved = []

@@ -572,7 +572,8 @@ class TestBadInput(TempDirTest):
 
 # In-process rules with a fixed set of provided names.
 PROVIDED = frozenset({"FSDPTest", "MLP", "TestCase", "parametrize", "run_tests",
-                      "skip_if_lt_x_gpu", "TEST_SKIPS", "with_comms", "DTensorTestBase"})
+                      "skip_if_lt_x_gpu", "TEST_SKIPS", "with_comms", "with_temp_dir",
+                      "DTensorTestBase"})
 
 
 def rewrite(text: str) -> str:
@@ -722,8 +723,13 @@ class TestRewriteRules(unittest.TestCase):
         self.assertRewrites(
             "from torch.testing._internal.distributed._tensor.common_dtensor import with_comms\n"
             "from torch.testing._internal.distributed.checkpoint_utils import with_temp_dir\n",
-            "from harness import with_comms\n"
-            "from torch.testing._internal.distributed.checkpoint_utils import with_temp_dir\n")
+            "from harness import with_comms, with_temp_dir\n")
+
+    def test_a_same_named_thing_from_another_private_module_stays(self) -> None:
+        text = ("from torch.testing._internal.distributed._shard.sharded_tensor import (\n"
+                "    with_comms,\n)\n")
+        self.assertEqual(migrate_source(text, PROVIDED), (text, [], [
+            "torch.testing._internal.distributed._shard.sharded_tensor.with_comms"]))
 
     def test_unparsable_text_raises_syntax_error(self) -> None:
         with self.assertRaises(SyntaxError):
