@@ -1,12 +1,18 @@
 """harness.testcase: tensor-aware equality, seeding, run_subtests as a method."""
 
 import datetime
+import enum
+import json
+import os
 import pathlib
 import random
+import subprocess
+import sys
 import tempfile
 import types
 import unittest
 import warnings
+from typing import Any, Dict, List, Tuple
 from unittest import mock
 
 import numpy
@@ -16,6 +22,8 @@ from torch.distributed.tensor import DTensor
 
 from harness import TestCase
 from harness.testcase import SEED_ENV, current_seed, route_test_method
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class AssertEqualTest(TestCase):
@@ -228,6 +236,109 @@ class UpstreamAssertEqualFormsTest(TestCase):
             )
         with self.assertRaisesRegex(AssertionError, "ctx"):
             self.assertNotEqual(1, 1, "ctx")
+
+
+class _NoArray(enum.Enum):
+    A = 1
+    B = 2
+
+
+def comparison_cases() -> List[Tuple[str, Any, Any, Dict[str, Any]]]:
+    """(label, first, second, keywords) pairs that upstream tests hand to assertEqual."""
+    has_array, linear = _HasArray(), nn.Linear(1, 1)
+    pairs = [
+        (_Subclass, _Subclass, {}), (_Subclass, torch.Tensor, {}), (int, int, {}),
+        (type(torch.ones(1)), torch.Tensor, {}), (None, None, {}), (None, 0, {}),
+        (torch.zeros(1), None, {}), (torch.float32, torch.float32, {}),
+        (torch.float32, torch.float64, {}), (torch.device("cpu"), torch.device("cpu"), {}),
+        (torch.device("cpu"), "cpu", {}), (1, 1, {}), (1, 2, {}), (1, 1.0, {}),
+        (1.0, 1.0 + 1e-7, {}), (1.0, 1.0 + 1e-4, {}), (100.0, 100.0 + 1e-4, {}),
+        (10**12, 10**12 + 1, {}), (True, 1, {}), (True, 2, {}), (False, 1, {}),
+        (True, False, {}), (float("nan"), float("nan"), {}),
+        (float("nan"), float("nan"), {"equal_nan": False}), (1 + 1j, 1 + 1j, {}),
+        (_NoArray.A, _NoArray.A, {}), (_NoArray.A, _NoArray.B, {}), (_NoArray.A, 1, {}),
+        ("a", "a", {}), ("a", "b", {}), ("a", ["a"], {}), ([1, 2], (1, 2), {}),
+        ([1, 2], [1, 2, 3], {}), ({"a": 1}, {"a": 1}, {}), ({"a": 1}, {"b": 1}, {}),
+        ({1, 2}, {1, 2}, {}), ({1, 2}, {1, 3}, {}), (torch.ones(2), torch.ones(2) + 1e-7, {}),
+        (torch.ones(2), torch.ones(2) + 1e-3, {}),
+        (torch.ones(2), torch.ones(2, dtype=torch.float64), {}),
+        (torch.ones(2), torch.ones(2, dtype=torch.float64), {"exact_dtype": False}),
+        (torch.ones(2), [1.0, 1.0], {}), ([1.0, 1.0], torch.ones(2), {}),
+        (torch.ones(2), [1.0, 2.0], {}), (torch.tensor(2.0), 2.0, {}),
+        (torch.tensor([2.0]), 2, {}), (2.0, torch.tensor(2.0), {}), (torch.tensor(2.0), 3.0, {}),
+        (torch.tensor(True), True, {}), (torch.tensor(1), True, {}),
+        (numpy.array([1.0, 2.0]), torch.tensor([1.0, 2.0], dtype=torch.float64), {}),
+        (numpy.array([1.0]), numpy.array([2.0]), {}), (numpy.float32(1.0), 1.0, {}),
+        (numpy.int64(3), 3, {}), (has_array, has_array, {}), (has_array, _HasArray(), {}),
+        (torch.Size([2, 3]), (2, 3), {}), (torch.Size([2, 3]), [2, 4], {}),
+        (torch.eye(2).to_sparse(), torch.eye(2), {}),
+        (torch.eye(2).to_sparse(), torch.eye(2), {"exact_layout": True}),
+        (torch.ones(1), torch.ones(1) + 0.05, {"atol": 0.1, "rtol": 0}),
+        (1.0, 1.05, {"atol": 0.1, "rtol": 0}), (1.0, 1.05, {"atol": 0.01, "rtol": 0}),
+        (nn.ModuleList([linear]), [linear], {}),
+        (nn.Sequential(linear), nn.Sequential(nn.Linear(1, 1)), {}),
+        ([torch.ones(2), (1, None)], [torch.ones(2), (1, None)], {}),
+        ([torch.ones(2), (1, None)], [torch.ones(2), (1, 0)], {}), (torch.ones(2), "x", {}),
+        (object(), object(), {}), (torch.ones(2, 2), torch.ones(2, 2).t(), {"exact_stride": True}),
+    ]
+    # Where the harness is deliberately more lenient: a tensor equals a number that each of
+    # its elements equals (upstream rejects numbers against tensors of several elements).
+    lenient = [(torch.tensor([2, 2]), 2, {})]
+    return [
+        (f"{kind} {i}: {type(a).__name__} vs {type(b).__name__} {kw}", a, b, kw)
+        for kind, cases in (("same", pairs), ("lenient", lenient))
+        for i, (a, b, kw) in enumerate(cases)
+    ]
+
+
+def passes(base: type, first: Any, second: Any, keywords: Dict[str, Any]) -> bool:
+    """Whether `base`'s assertEqual accepts the pair (any exception is a rejection)."""
+
+    class Probe(base):  # type: ignore[misc, valid-type]
+        def runTest(self) -> None:  # noqa: N802 - unittest's naming
+            """Unused: the probe only lends its assertEqual."""
+
+    try:
+        Probe().assertEqual(first, second, **keywords)
+    except Exception:
+        return False
+    return True
+
+
+def print_upstream_verdicts() -> None:
+    """Run in a child process: upstream's verdict for each comparison case, as JSON."""
+    import json
+
+    from torch.testing._internal.common_utils import TestCase as UpstreamTestCase
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        verdicts = {
+            label: passes(UpstreamTestCase, a, b, kw) for label, a, b, kw in comparison_cases()
+        }
+    print(json.dumps(verdicts))
+
+
+class AssertEqualMatchesUpstreamTest(unittest.TestCase):
+    """Differential: the same pairs through upstream's assertEqual and ours agree."""
+
+    def test_same_verdicts_as_upstream(self) -> None:
+        code = "from tests.test_testcase import print_upstream_verdicts; print_upstream_verdicts()"
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+        )
+        self.assertEqual(done.returncode, 0, done.stderr)
+        upstream = json.loads(done.stdout.strip().splitlines()[-1])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ours = {label: passes(TestCase, a, b, kw) for label, a, b, kw in comparison_cases()}
+        self.assertEqual(sorted(upstream), sorted(ours))
+        differ = {label for label in ours if ours[label] != upstream[label]}
+        lenient = {label for label in ours if label.startswith("lenient")}
+        self.assertEqual(differ, lenient)
+        self.assertTrue(all(ours[label] and not upstream[label] for label in lenient))
+        self.assertEqual(len(set(ours.values())), 2, "the cases must include passes and failures")
 
 
 class UpstreamTestCaseHelpersTest(TestCase):
