@@ -271,7 +271,15 @@ def check_requirements(test_method: Callable, world_size: Any = None) -> None:
 
 
 def check_case_requirements(case: unittest.TestCase) -> None:
-    """check_requirements for a case: its class's requirements, then its test method's."""
-    world_size = getattr(case, "world_size", None)
-    check_requirements(type(case), world_size)
-    check_requirements(getattr(case, case._testMethodName, None), world_size)
+    """check_requirements for a case: its class's requirements, then its test method's.
+
+    The case's world size is read only when a requirement is per rank.
+    """
+    method = getattr(case, case._testMethodName, None)
+    requirements = requirements_of(type(case)) + requirements_of(method)
+    per_rank = any(requirement.count == PER_RANK for requirement in requirements)
+    world_size = getattr(case, "world_size", None) if per_rank else None
+    for requirement in requirements:
+        reason = requirement.unmet_reason(world_size)
+        if reason is not None:
+            raise unittest.SkipTest(reason)
