@@ -1,7 +1,10 @@
-"""The single-process base: tensor-aware equality, seeding, subtest grids.
+"""The single-process base: upstream's assertEqual, seeding, subtest grids.
 
 Every harness base class derives from `TestCase`, so rank processes and rank threads
-compare tensors the same way a plain unit test does.
+compare values the same way a plain unit test does, and the way upstream's
+common_utils.TestCase does (its keywords, tolerances and verdicts; a differential test in
+tests/test_testcase.py holds them to upstream's). `setUp` also honours accelerator
+requirements declared on the test class (harness/skips.py).
 """
 
 from __future__ import annotations
