@@ -534,6 +534,22 @@ class TestCheckAndExitCodes(TempDirTest):
         self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o750)
 
 
+    def test_a_symlinked_file_is_migrated_once_through_its_link(self) -> None:
+        target = self.root / "real" / "test_x.py"
+        target.parent.mkdir()
+        target.write_text("from torch.testing._internal.common_utils import run_tests\n")
+        link = self.root / "tests" / "test_link.py"
+        link.parent.mkdir()
+        link.symlink_to(target)
+        result = migrate(str(link), str(target))
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual(result.stdout.splitlines(), [
+            f"{link}: moved 1 name to harness (run_tests)",
+            "migrate: 1 files changed, 0 unchanged, 0 private imports left"])
+        self.assertTrue(link.is_symlink())
+        self.assertEqual(target.read_text(), "from harness import run_tests\n")
+
+
 class TestBadInput(TempDirTest):
     def test_bad_path_is_one_line_exit_2_and_nothing_written(self) -> None:
         good = self.root / "test_good.py"
