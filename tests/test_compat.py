@@ -40,6 +40,61 @@ class CompatTest(unittest.TestCase):
         self.assertIsInstance(compat.hybrid_shard_zero2(), ShardingStrategy)
         self.assertTrue(issubclass(compat.fsdp1_exec_order_class(), object))
 
+    def test_fsdp_all_gather_is_a_real_dist_function(self):
+        name = compat.fsdp_all_gather_name()
+        self.assertIn(name, ("all_gather_single", "all_gather_into_tensor"))
+        self.assertTrue(callable(getattr(dist, name)))
+
+    def test_fully_shard_param_group_pieces(self):
+        module = compat.fsdp_param_group_module()
+        for name in ("foreach_all_gather", "foreach_reduce"):
+            self.assertTrue(callable(vars(module)[name]), name)
+        group_cls = compat.fsdp_param_group_class()
+        self.assertIs(group_cls, module.FSDPParamGroup)
+        for name in ("unshard", "reshard", "post_backward"):
+            self.assertTrue(callable(vars(group_cls)[name]), name)
+
+    def test_fsdp1_no_reshard_after_forward_strategies(self):
+        strategies = compat.fsdp1_no_reshard_after_forward_strategies()
+        self.assertIn(ShardingStrategy.SHARD_GRAD_OP, strategies)
+        self.assertNotIn(ShardingStrategy.FULL_SHARD, strategies)
+
+    def test_fsdp1_assert_idle(self):
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        if dist.is_initialized():
+            self.skipTest("a default process group already exists in this process")
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        errors = []
+
+        class CheckDuringForward(torch.nn.Module):
+            def forward(self, x):
+                try:
+                    compat.fsdp1_assert_idle(model)
+                except ValueError as error:
+                    errors.append(error)
+                return x
+
+        try:
+            model = FSDP(
+                torch.nn.Sequential(torch.nn.Linear(2, 2), CheckDuringForward()),
+                device_id=torch.device("cpu"),
+            )
+            model(torch.ones(1, 2)).sum().backward()
+            compat.fsdp1_assert_idle(model)
+            self.assertEqual(1, len(errors), "a root in its forward passed as idle")
+        finally:
+            dist.destroy_process_group()
+
+    @unittest.skipUnless(torch.cuda.is_available(), "torch.cuda._sleep needs a CUDA device")
+    def test_cuda_stream_sleep_delays_the_stream(self):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        compat.cuda_stream_sleep(20)
+        end.record()
+        end.synchronize()
+        self.assertGreaterEqual(start.elapsed_time(end), 10)
+
     def test_tensor_backward_hooks(self):
         t = torch.ones(1, requires_grad=True)
         self.assertEqual(compat.tensor_backward_hooks(t), [])
