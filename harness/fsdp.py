@@ -114,7 +114,9 @@ class FSDPTestMixin:
         loss = torch.zeros(())
         for _ in range(num_steps):
             optim.zero_grad()
-            with torch.amp.autocast(self.device.type, enabled=autocast):
+            # float16: CUDA autocast's default, made explicit so that CPU autocasts alike
+            # (its own default is bfloat16).
+            with torch.amp.autocast(self.device.type, dtype=torch.float16, enabled=autocast):
                 inp = model.module.get_input(self.device)  # type: ignore[operator, union-attr]
                 if use_pure_fp16 or (mixed_precision and not is_fsdp):
                     inp = inp.half() if isinstance(inp, torch.Tensor) else tuple(
@@ -125,6 +127,9 @@ class FSDPTestMixin:
                     for param in model.parameters():
                         self.assertEqual(param.device, cpu)
                 loss = model.module.get_loss(inp, output).to(model_device)  # type: ignore[operator, union-attr]
+                if autocast and not is_fsdp:
+                    # CUDA autocast reduces in float32; CPU autocast keeps float16: match CUDA.
+                    loss = loss.float()
             loss = scaler.scale(loss)
             if not mixed_precision and not use_pure_fp16:
                 self.assertEqual(

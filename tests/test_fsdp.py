@@ -178,6 +178,7 @@ PARITY_IDS = [
     "TestParityWithDDP.test_always_wrap_nested_wrapped_model",
     "TestParityWithDDP.test_delayed_reduce_scatter",
     "TestParityWithDDP.test_fsdp_attributes_are_checked",
+    "TestParityWithDDP.test_mixed_precision_and_grad_scaler",
     "TestParityWithDDP.test_mixture_of_experts",
     "TestParityWithDDP.test_nested_wrapped_model_offload_false_no_shard",
     "TestParityWithDDP.test_nested_wrapped_model_offload_false_none",

@@ -13,7 +13,7 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, ShardingStrategy
+from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from harness import (
@@ -94,6 +94,19 @@ class TestParityWithDDP(FSDPTest):
                 "forward_prefetch": [False, True],
                 "use_orig_params": [False, True],
             },
+            self._test_fsdp_parity,
+            NestedWrappedModule,
+            FSDPInitMode.RECURSIVE,
+            DEVICEInitMode.DEVICE_BEFORE,
+        )
+
+    @skip_if_lt_x_gpu(2, allow_cpu=True)
+    def test_mixed_precision_and_grad_scaler(self):
+        mp = MixedPrecision(
+            param_dtype=torch.float16, reduce_dtype=torch.float16, buffer_dtype=torch.float16
+        )
+        self.run_subtests(
+            {"mixed_precision": [mp, None], "enable_sharded_grad_scaler": [False, True]},
             self._test_fsdp_parity,
             NestedWrappedModule,
             FSDPInitMode.RECURSIVE,
