@@ -304,6 +304,11 @@ class FSDPTest(FSDPTestMixin, _RankDevice, MultiProcessTestCase):
     (upstream suites do, e.g. `process_group` returning the default group).
     """
 
+    @property
+    def destroy_pg_upon_exit(self) -> bool:
+        """False, as upstream's FSDPTest: its own tearDown destroys the group."""
+        return False
+
     def setUp(self) -> None:
         super().setUp()
         if self.rank == MAIN_PROCESS_RANK:
