@@ -110,6 +110,26 @@ def cuda_stream_sleep(ms: float) -> None:
     torch.cuda._sleep(int(ms * _cuda_cycles_per_ms()))
 
 
+def has_triton() -> bool:
+    """Whether Inductor can generate GPU kernels here (``torch.utils._triton.has_triton``)."""
+    from torch.utils._triton import has_triton as triton_available
+
+    return bool(triton_available())
+
+
+@contextlib.contextmanager
+def inductor_compile_threads(threads: int) -> Iterator[None]:
+    """Set ``torch._inductor.config.compile_threads`` for the block, restoring it after."""
+    import torch._inductor.config as inductor_config
+
+    saved = inductor_config.compile_threads
+    inductor_config.compile_threads = threads
+    try:
+        yield
+    finally:
+        inductor_config.compile_threads = saved
+
+
 def register_post_backward_function() -> type:
     """``fully_shard``'s autograd Function whose backward runs a param group's post-backward."""
     return first_attr(

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import unittest
-from typing import Any, Callable, Dict, Iterable, Iterator, List
+import warnings
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from harness import compat, devices
@@ -30,6 +33,7 @@ __all__ = [
     "_zero_model",
     "assert_module_states",
     "check_sharded_parity",
+    "compiled_fsdp_test",
     "get_devtype",
     "get_full_params",
     "patch_all_gather",
@@ -370,6 +374,51 @@ def patch_register_post_backward_hook_backward(new_backward: Callable[..., Any])
     function_cls = compat.register_post_backward_function()
     with _patched(function_cls, "backward", staticmethod(new_backward)):
         yield
+
+
+def compiled_fsdp_test(
+    compile_compute_on_module: Optional[type] = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Run a ``fully_shard`` test eagerly, then again with each sharded module's compute compiled.
+
+    The second run rebinds ``fully_shard`` in the test function's module globals (where
+    ``from torch.distributed.fsdp import fully_shard`` put it) to one that also calls
+    ``module.compile()`` on every module it shards (only instances of
+    ``compile_compute_on_module`` when given). Without Triton (as on CPU) the compiled run is
+    left out with a warning, as upstream does.
+    """
+
+    def fully_shard_compiled(*args: Any, **kwargs: Any) -> Any:
+        sharded = fully_shard(*args, **kwargs)
+        module = args[0] if args else kwargs["module"]
+        if compile_compute_on_module is None or isinstance(module, compile_compute_on_module):
+            module.compile()
+        return sharded
+
+    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> None:
+            func(*args, **kwargs)  # eager
+            if not compat.has_triton():
+                warnings.warn("Inductor on GPU needs Triton and recent GPU arch", stacklevel=2)
+                return
+            scope = func.__globals__
+            had, original = "fully_shard" in scope, scope.get("fully_shard")
+            _barrier_if_initialized()  # rank threads share the globals: patch them together
+            scope["fully_shard"] = fully_shard_compiled
+            try:
+                with compat.inductor_compile_threads(1):
+                    func(*args, **kwargs)
+            finally:
+                _barrier_if_initialized()
+                if had:
+                    scope["fully_shard"] = original
+                else:
+                    del scope["fully_shard"]
+
+        return wrapper
+
+    return decorator
 
 
 def reduce_scatter_with_assert(

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import ShardingStrategy, fully_shard
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy, always_wrap_policy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy, always_wrap_policy, wrap
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -705,3 +705,41 @@ class DoubleLinear(nn.Module):
         if self.use_second_linear:
             return self.relu(self.lin1(x)), self.relu(self.lin2(x))
         return self.relu(self.lin1(x))
+
+
+class SkipModule(nn.Module):
+    """A bias-free Linear(10, 10): the module wrap tests leave out of FSDP wrapping."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(10, 10, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+class NestedLinear(nn.Module):
+    """A bias-free Linear(10, 10) on the test device, passed through ``wrap()`` when ``fsdp_wrap``
+    (which wraps it only inside an ``enable_wrap`` context)."""
+
+    def __init__(self, fsdp_wrap: bool) -> None:
+        super().__init__()
+        linear = nn.Linear(10, 10, bias=False).to(device_type())
+        self.nested_linear = wrap(linear) if fsdp_wrap else linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.nested_linear(x)
+
+
+class SkipModel(nn.Module):
+    """Linear -> SkipModule -> ``wrap()``-ed NestedLinear (itself wrapped inside when
+    ``double_nest``), all on the test device: for ``enable_wrap``/``wrap`` tests."""
+
+    def __init__(self, double_nest: bool) -> None:
+        super().__init__()
+        self.linear = nn.Linear(10, 10, bias=False).to(device_type())
+        self.linear_skip = SkipModule().to(device_type())
+        self.nested_linear = wrap(NestedLinear(fsdp_wrap=double_nest), device_id=device_type())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.nested_linear(self.linear_skip(self.linear(x)))

@@ -6,6 +6,7 @@ import copy
 import functools
 import unittest
 from typing import Any, Dict, List
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,7 @@ from harness.fsdp_helpers import (
     _zero_model,
     assert_module_states,
     check_sharded_parity,
+    compiled_fsdp_test,
     get_devtype,
     get_full_params,
     patch_all_gather,
@@ -137,6 +139,36 @@ class TestHelpersSingleProcess(TestCase):
                     with helper("not callable"):  # type: ignore[arg-type]
                         pass
                 self.assertIs(vars(owner)[name], original)
+
+    def test_compiled_fsdp_test_runs_eager_then_compiled(self) -> None:
+        seen: List[Any] = []
+
+        @compiled_fsdp_test(compile_compute_on_module=nn.ReLU)
+        def body(tag: str) -> None:
+            seen.append((tag, fully_shard))
+
+        with mock.patch.object(compat, "has_triton", return_value=False):
+            with self.assertWarnsRegex(UserWarning, "needs Triton"):
+                body("eager only")
+        self.assertEqual(1, len(seen))
+        self.assertIs(fully_shard, seen[0][1])
+        seen.clear()
+        with mock.patch.object(compat, "has_triton", return_value=True):
+            body("both")
+        self.assertEqual(["both", "both"], [tag for tag, _ in seen])
+        self.assertIs(fully_shard, seen[0][1])
+        compiled_variant = seen[1][1]
+        self.assertIsNot(fully_shard, compiled_variant)
+        self.assertIs(fully_shard, globals()["fully_shard"], "the global was not restored")
+        # The variant shards, then compiles only instances of compile_compute_on_module.
+        relu, linear = nn.ReLU(), nn.Linear(2, 2)
+        with mock.patch("harness.fsdp_helpers.fully_shard", side_effect=lambda m, **k: m) as fs:
+            self.assertIs(relu, compiled_variant(relu, mesh="mesh"))
+            compiled_variant(linear)
+        calls = [(call.args, call.kwargs) for call in fs.call_args_list]
+        self.assertEqual([((relu,), {"mesh": "mesh"}), ((linear,), {})], calls)
+        self.assertIsNotNone(relu._compiled_call_impl)
+        self.assertIsNone(linear._compiled_call_impl)
 
     def test_zero_model_and_get_state_dict_without_fsdp(self) -> None:
         model = nn.BatchNorm1d(3)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import enable_wrap
 from torch.distributed.tensor import DTensor
 
 from harness import compat
@@ -34,9 +35,12 @@ from harness.models import (
     MixtureOfExperts,
     MLPStack,
     ModuleWithDelay,
+    NestedLinear,
     NestedWrappedModule,
     NestedWrappedModuleWithDelay,
     NonUniformReqGradNWM,
+    SkipModel,
+    SkipModule,
     TransformerWithSharedParams,
     current_device,
     fsdp_kwargs_for_device,
@@ -162,7 +166,7 @@ class TestParityWithUpstream(TestCase):
 
     def test_same_cases(self) -> None:
         self.assertEqual(sorted(self.results["upstream"]), sorted(self.results["harness"]))
-        self.assertGreaterEqual(len(self.results["harness"]), 17)
+        self.assertGreaterEqual(len(self.results["harness"]), 20)
 
     def test_every_model_matches_upstream(self) -> None:
         upstream, ours = self.results["upstream"], self.results["harness"]
@@ -497,6 +501,24 @@ class TestModelsWithFSDP(TestCase):
                 self.assertEqual(ref(x), out)
                 out.sum().backward()
                 self.assertTrue(all(p.grad is not None for p in model.parameters()))
+
+    def test_skip_model_wraps_inside_enable_wrap(self) -> None:
+        for double_nest in (False, True):
+            with self.subTest(double_nest=double_nest), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with enable_wrap(wrapper_cls=FSDP, device_id=current_device()):
+                    model = SkipModel(double_nest=double_nest)
+                self.assertNotIsInstance(model.linear_skip, FSDP)
+                self.assertIsInstance(model.nested_linear, FSDP)
+                inner = model.nested_linear.module.nested_linear
+                self.assertEqual(double_nest, isinstance(inner, FSDP))
+                out = model(torch.randn(2, 10, device=current_device()))
+                out.sum().backward()
+                self.assertEqual((2, 10), tuple(out.shape))
+        plain = SkipModel(double_nest=True)  # outside enable_wrap, wrap() is a no-op
+        self.assertFalse(any(isinstance(m, FSDP) for m in plain.modules()))
+        self.assertIsInstance(NestedLinear(fsdp_wrap=True).nested_linear, nn.Linear)
+        self.assertIsNone(SkipModule().lin.bias)
 
     def test_custom_policy_is_used_and_kwargs_not_mutated(self) -> None:
         group = dist.group.WORLD

@@ -98,6 +98,12 @@ def probe(source: str) -> Dict[str, Any]:
         "DoubleLinear_single": lambda: lib.DoubleLinear(8, use_second_linear=False),
         "DummyDDP": lambda: lib.DummyDDP(lib.MLP(8)),
     }
+    # Built outside enable_wrap(), so wrap() leaves them plain; they take 10 features.
+    wrap_models: Dict[str, Callable[[], nn.Module]] = {
+        "SkipModule": lambda: lib.SkipModule(),
+        "NestedLinear": lambda: lib.NestedLinear(fsdp_wrap=True),
+        "SkipModel": lambda: lib.SkipModel(double_nest=True),
+    }
     results: Dict[str, Any] = {}
     for name, build in fsdp_models.items():
         torch.manual_seed(0)
@@ -111,6 +117,10 @@ def probe(source: str) -> Dict[str, Any]:
         torch.manual_seed(0)
         model = build()
         results[name] = {**_describe(model), **_run_plain(model, 8)}
+    for name, build in wrap_models.items():
+        torch.manual_seed(0)
+        model = build()
+        results[name] = {**_describe(model), **_run_plain(model, 10)}
     results["DummyProcessGroup"] = {"rank": group.rank(), "size": group.size()}
     return results
 
