@@ -1,81 +1,206 @@
-"""DTensor test bases: `DTensorTestBase`, and the `with_comms` / `with_temp_dir` decorators.
+"""DTensor test bases, as upstream's common_dtensor: multi-process, threaded and LocalTensor.
 
-Unlike FSDPTest, a DTensor test opts into its process group per test with `@with_comms`,
-and tests that save checkpoints ask for a directory all ranks share with
-`@with_temp_dir` (below `@with_comms`, which it needs to agree on the path).
+- `DTensorTestBase` (one process per rank): a test opts into its process group with
+  `@with_comms` (or `@with_comms(eager_init=..., backend=...)`, handed to `init_pg`);
+  `@with_temp_dir` below it gives all ranks one shared directory.
+- `DTensorOpTestBase` (one thread per rank): for op tests that need no real processes.
+- `create_local_tensor_test_class(cls)` makes `<Class>WithLocalTensor`: the same tests run
+  once, in this process, with every rank simulated by torch's LocalTensor (a private torch
+  feature, reached through harness/compat_local_tensor.py) on a group that communicates
+  nothing. `map_local_tensor_for_rank` lets such a test compute per-rank expectations.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import shutil
 import tempfile
-from typing import Any, Callable
+import unittest
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from harness import devices
+from harness import compat_local_tensor, devices
 from harness.multiprocess import MultiProcessTestCase
+from harness.multithread import MAIN_THREAD_RANK, MultiThreadedTestCase
+from harness.skips import TEST_SKIPS, skip_if_lt_x_gpu
 
 DEFAULT_WORLD_SIZE = 4
+ACCELERATOR_BACKENDS = ("nccl", "xccl", "hccl")
+
+T = TypeVar("T")
 
 
-class DTensorTestBase(MultiProcessTestCase):
-    """MultiProcessTestCase with 4 ranks by default and helpers to build a process group."""
+def num_devices() -> int:
+    """Ranks a DTensor test uses: 4, or fewer when 2-3 accelerators are present (as upstream)."""
+    count = devices.accelerator_count()
+    return min(DEFAULT_WORLD_SIZE, count) if count > 1 else DEFAULT_WORLD_SIZE
+
+
+NUM_DEVICES = num_devices()  # upstream's module constant; bases ask num_devices() at call time
+
+
+def skip_unless_torch_gpu(method: T) -> T:
+    """Skip unless there are as many accelerators as a DTensor test has ranks."""
+    return skip_if_lt_x_gpu(num_devices())(method)  # type: ignore[return-value]
+
+
+class DTensorTestMixin:
+    """Helpers every DTensor base shares: mesh, device type, per-rank seed, op checks."""
+
+    rank: Any
+    world_size: int
+    assertEqual: Callable[..., None]
 
     @property
-    def world_size(self) -> int:
-        return DEFAULT_WORLD_SIZE
+    def is_local_tensor_enabled(self) -> bool:
+        """Whether LocalTensor simulates all ranks in one process (*WithLocalTensor classes)."""
+        return False
 
     @property
     def device_type(self) -> str:
+        """The accelerator type when there is one per rank, else "cpu" (as upstream)."""
+        if devices.accelerator_count() < self.world_size:
+            return "cpu"
         return devices.device_type()
+
+    def build_device_mesh(self) -> DeviceMesh:
+        """A 1-D mesh over all ranks on this test's device type."""
+        return init_device_mesh(self.device_type, (self.world_size,))
+
+    def init_manual_seed_for_rank(self) -> None:
+        """Seed torch with this rank's number, so ranks draw different values."""
+        torch.manual_seed(self.rank)
+
+    def _test_op_on_dtensor(self, op_call: Callable, *args: Any, **kwargs: Any) -> None:
+        """Check op(dtensors).full_tensor() equals op on the same arguments' full tensors."""
+        flat_args, spec = tree_flatten(args)
+        full_args = tree_unflatten(
+            [a.full_tensor().detach().clone() if isinstance(a, DTensor) else a for a in flat_args],
+            spec,
+        )
+        full_kwargs = {
+            k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in kwargs.items()
+        }
+        expected, _ = tree_flatten(op_call(*full_args, **full_kwargs))
+        actual, _ = tree_flatten(op_call(*args, **kwargs))
+        self.assertEqual(expected, [out.full_tensor() for out in actual])
+
+    def _test_op(self, mesh: DeviceMesh, op_call: Callable, *args: Any, **kwargs: Any) -> None:
+        """Check op_call over every sharding DTensorConverter makes of the arguments."""
+        expected = op_call(*args, **kwargs)
+        converter = DTensorConverter(mesh, args, kwargs)
+        for d_args, d_kwargs in converter:
+            self.assertEqual(converter.successful(), True)
+            self.assertEqual(op_call(*d_args, **d_kwargs).full_tensor(), expected)
+
+
+class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
+    """One process per rank (4 by default); `@with_comms` gives a test its process group."""
+
+    @property
+    def world_size(self) -> int:
+        return num_devices()
 
     @property
     def backend(self) -> str:
-        """`init_process_group` backend: gloo for CPU tensors, plus nccl for CUDA ones."""
-        if self.device_type == "cuda":
-            return "cpu:gloo,cuda:nccl"
-        return "cpu:gloo"
+        """The default collective backend of this test's device type (gloo on CPU)."""
+        return dist.get_default_backend_for_device(self.device_type)
 
-    def init_pg(self) -> None:
-        """Initialise the default group through this test's rendezvous file."""
-        if self.device_type == "cuda":
-            torch.cuda.set_device(devices.rank_device(self.rank))
+    def _supported_backends(self) -> Tuple[str, ...]:
+        own = f"cpu:gloo,{self.device_type}:{dist.get_default_backend_for_device(self.device_type)}"
+        return (
+            "nccl", "gloo", "mpi", own, "cpu:gloo", "cpu:gloo,cuda:nccl", "cpu:gloo,cuda:ncclx",
+            "cuda:ncclx", "hccl", "xccl", "fake", "cpu:gloo,xpu:xccl",
+        )
+
+    def init_pg(self, eager_init: bool, backend: Optional[str] = None) -> None:
+        """Initialise the default group through this test's rendezvous file.
+
+        `eager_init` binds an accelerator backend to the rank's device at once (so its
+        communicator exists before the first collective); `backend` defaults to `self.backend`.
+        """
+        if backend is None:
+            backend = self.backend
+        if backend not in self._supported_backends():
+            raise RuntimeError(f"Backend {backend} not supported!")
+        if any(name in backend for name in ACCELERATOR_BACKENDS):
+            found = devices.accelerator_count()
+            if found < self.world_size:
+                known = TEST_SKIPS.get(f"multi-gpu-{self.world_size}")
+                need = known.message if known else f"Need at least {self.world_size} devices"
+                raise unittest.SkipTest(
+                    f"{need}: backend {backend} needs one per rank, found {found}"
+                )
+        if backend == compat_local_tensor.FAKE_BACKEND:
+            compat_local_tensor.register_fake_backend()
+        device_id = None
+        if "nccl" in backend or "xccl" in backend:
+            device = devices.rank_device(self.rank)
+            torch.accelerator.set_device_index(device.index)
+            device_id = device if eager_init else None
         dist.init_process_group(
-            backend=self.backend,
+            backend=backend,
             init_method=self.init_method,
             rank=self.rank,
             world_size=self.world_size,
+            device_id=device_id,
         )
 
-    def destroy_pg(self) -> None:
-        """Wait for every rank, then destroy the default group."""
-        dist.barrier()
+    def destroy_pg(self, device_id: Optional[int] = None) -> None:
+        """Wait for every rank (on `device_id`'s accelerator unless CPU), then destroy the group."""
+        if self.device_type == "cpu":
+            dist.barrier()
+        else:
+            if device_id is None:
+                device_id = torch.accelerator.current_device_index()
+            dist.barrier(device_ids=[device_id])
         dist.destroy_process_group()
 
-    def build_device_mesh(self) -> DeviceMesh:
-        """A 1-D mesh over all ranks on this machine's device type."""
-        return init_device_mesh(self.device_type, (self.world_size,))
+
+TestFunc = Callable[..., Any]
 
 
-def with_comms(func: Callable) -> Callable:
-    """Run the test inside a default process group created for it and destroyed after it."""
-
+def _comms_wrapper(func: TestFunc, eager_init: bool, backend: Optional[str]) -> TestFunc:
     @functools.wraps(func)
-    def wrapper(self: DTensorTestBase, *args: Any, **kwargs: Any) -> Any:
-        self.init_pg()
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not hasattr(self, "init_pg"):  # a base whose ranks already have a group
+            return func(self, *args, **kwargs)
+        self.init_pg(eager_init, backend)
         try:
             result = func(self, *args, **kwargs)
         except BaseException:
-            dist.destroy_process_group()  # no barrier: the other ranks may never reach it
+            if dist.is_initialized():
+                dist.destroy_process_group()  # no barrier: the other ranks may never reach it
             raise
         self.destroy_pg()
         return result
 
     return wrapper
+
+
+def with_comms(
+    eager_init: TestFunc | bool = False, backend: Optional[str] = None
+) -> TestFunc:
+    """Run the test inside a default process group created for it and destroyed after it.
+
+    Use bare (`@with_comms`) or called (`@with_comms(eager_init=True, backend="gloo")`);
+    the arguments go to `self.init_pg`. On a base without `init_pg` (DTensorOpTestBase,
+    whose rank threads already have a group) the test just runs.
+    """
+    if callable(eager_init):
+        return _comms_wrapper(eager_init, False, backend)
+    if not isinstance(eager_init, bool):
+        raise TypeError(f"with_comms: eager_init must be a bool, got {eager_init!r}")
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"with_comms: backend must be a str or None, got {backend!r}")
+    return functools.partial(_comms_wrapper, eager_init=eager_init, backend=backend)
 
 
 def with_temp_dir(func: Callable) -> Callable:
@@ -104,3 +229,258 @@ def with_temp_dir(func: Callable) -> Callable:
         return result
 
     return wrapper
+
+
+class DTensorOpTestBase(MultiThreadedTestCase):
+    """One thread per rank (4 by default), each with its default group, for DTensor op tests."""
+
+    @property
+    def world_size(self) -> int:
+        return num_devices()
+
+    @property
+    def device_type(self) -> str:
+        return devices.device_type()
+
+    def build_device_mesh(self) -> DeviceMesh:
+        """A 1-D mesh over all ranks on this test's device type."""
+        return init_device_mesh(self.device_type, (self.world_size,))
+
+    def setUp(self) -> None:
+        if self._thread_rank == MAIN_THREAD_RANK:
+            # Rank threads propagate shardings concurrently: give the propagator a real lock
+            # before they start, and the original back when the test ends.
+            guard = compat_local_tensor.thread_safe_sharding_propagation()
+            guard.__enter__()
+            self.addCleanup(guard.__exit__, None, None, None)
+        super().setUp()
+
+
+class DTensorConverter:
+    """Iterates over every placement combination (Replicate, or an even Shard) of an op's args.
+
+    Each step yields (args, kwargs) with every tensor turned into a DTensor on `mesh`;
+    `successful()` says whether every tensor could be converted.
+    """
+
+    def __init__(
+        self,
+        mesh: DeviceMesh,
+        args: Tuple[object, ...],
+        kwargs: Dict[str, object],
+        replicate_only: bool = False,
+    ) -> None:
+        self.hit = 0
+        self.miss = 0
+        self.mesh = mesh
+        self.args = args
+        self.kwargs = kwargs
+        self.replicate_only = replicate_only
+        self.flatten_args, self.flatten_args_spec = tree_flatten(args)
+        self.flatten_kwargs, self.flatten_kwargs_spec = tree_flatten(kwargs)
+        tensors = [
+            arg for arg in [*self.flatten_args, *self.flatten_kwargs]
+            if isinstance(arg, torch.Tensor)
+        ]
+        choices = [self.gen_sharding_choices_for_arg(t) for t in tensors]
+        self.sharding_combs: Iterator[Sequence[Placement]] = iter(itertools.product(*choices))
+
+    def successful(self) -> bool:
+        return self.hit > 0 and self.miss == 0
+
+    def is_supported_tensor(self, t: torch.Tensor) -> bool:
+        """DTensor holds dense, plain tensors only (no sparse, quantized, nested, meta, ...)."""
+        unsupported = (
+            t.is_sparse_csr or t.is_sparse or t.is_mkldnn or t.is_quantized or t.is_nested
+            or compat_local_tensor.is_functional_tensor(t) or t.is_neg() or t.is_conj()
+            or t.device.type in ("lazy", "meta")
+        )
+        return not unsupported
+
+    def gen_sharding_choices_for_arg(self, arg: torch.Tensor) -> Sequence[Placement]:
+        """Replicate, plus Shard(d) for each dim the mesh divides evenly (bools: replicate only)."""
+        if self.replicate_only or arg.dtype == torch.bool:  # c10d has no bool collectives
+            return [Replicate()]
+        size = self.mesh.size()
+        even = [Shard(d) for d, n in enumerate(arg.shape) if n > 1 and n % size == 0]
+        return [Replicate(), *even]
+
+    def __iter__(self) -> DTensorConverter:
+        return self
+
+    def __next__(self) -> Tuple[Tuple[object, ...], Dict[str, object]]:
+        placements = iter(next(self.sharding_combs))
+
+        def convert(flat: List[object]) -> List[object]:
+            return [
+                self.to_dist_tensor(a, self.mesh, [next(placements)])
+                if isinstance(a, torch.Tensor) else a
+                for a in flat
+            ]
+
+        new_args = convert(self.flatten_args)
+        new_kwargs = convert(self.flatten_kwargs)
+        return (
+            tree_unflatten(new_args, self.flatten_args_spec),
+            tree_unflatten(new_kwargs, self.flatten_kwargs_spec),
+        )
+
+    def to_dist_tensor(
+        self, t: torch.Tensor, mesh: DeviceMesh, placements: List[Placement]
+    ) -> torch.Tensor:
+        """`t` as a DTensor (scalars replicated), or `t` itself (counted a miss) if unsupported."""
+        plain = type(t) is torch.Tensor or type(t) is nn.Parameter
+        if plain or compat_local_tensor.is_local_tensor(t):
+            if not self.is_supported_tensor(t):
+                self.miss += 1
+                return t
+            self.hit += 1
+            if t.ndim == 0:
+                result = distribute_tensor(t, mesh, [Replicate()] * mesh.ndim)
+            else:
+                result = distribute_tensor(t, mesh, placements)
+            if isinstance(t, nn.Parameter):
+                result = nn.Parameter(result, requires_grad=result.requires_grad)
+            return result
+        if torch.overrides.is_tensor_like(t):
+            self.miss += 1  # DTensor does not hold other tensor subclasses
+            return t
+        raise RuntimeError(f"Trying to convert to DTensor, but got {type(t)}")
+
+
+# --- ranks simulated in one process (LocalTensor) -----------------------------------------
+
+
+class _LocalRanksMixin:
+    """What the *WithLocalTensor classes share: one process, every rank simulated, fake group."""
+
+    world_size: int
+    _pg: Any = None
+
+    @property
+    def is_local_tensor_enabled(self) -> bool:
+        return True
+
+    @property
+    def rank(self) -> Any:
+        """Every rank at once: a SymInt holding r for simulated rank r."""
+        return compat_local_tensor.local_rank(self.world_size)
+
+    @rank.setter
+    def rank(self, rank: int) -> None:
+        """The rank is always every rank; the bases' assignments are ignored."""
+
+    def _handle_test_skip(self, msg: str) -> None:
+        self.skipTest(msg)  # type: ignore[attr-defined]
+
+    def _get_local_tensor_mode(self) -> Any:
+        return compat_local_tensor.local_tensor_mode(self.world_size)
+
+    def _run_here(self) -> None:
+        """Run the test body in this process: there are no ranks to start or join."""
+        name = self._testMethodName  # type: ignore[attr-defined]
+        getattr(type(self), name)(self)
+
+    def _local_set_up(self) -> None:
+        compat_local_tensor.set_record_function_enabled(False)
+        self.addCleanup(compat_local_tensor.set_record_function_enabled, True)  # type: ignore[attr-defined]
+        self.addCleanup(compat_local_tensor.reset_dtensor_rng_tracker)  # type: ignore[attr-defined]
+
+    def build_device_mesh(self) -> DeviceMesh:
+        with compat_local_tensor.maybe_disable_local_tensor_mode():
+            return super().build_device_mesh()  # type: ignore[misc]
+
+    def init_pg(self, eager_init: bool, backend: Optional[str] = None) -> None:
+        """A fake default group of world_size ranks (nothing to talk to: all ranks are here)."""
+        self._pg = compat_local_tensor.init_fake_process_group(self.world_size)
+
+    def destroy_pg(self, device_id: Optional[int] = None) -> None:
+        dist.destroy_process_group(self._pg)
+        self._pg = None
+
+    def init_manual_seed_for_rank(self) -> None:
+        torch.manual_seed(0)
+
+
+class LocalDTensorTestBase(_LocalRanksMixin, DTensorTestBase):
+    """DTensorTestBase with every rank simulated in this process (no rank processes)."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._local_set_up()
+
+    def _spawn_processes(self) -> None:
+        """Nothing to start: the ranks are simulated."""
+
+    _join_processes = _LocalRanksMixin._run_here
+
+
+class LocalDTensorOpTestBase(_LocalRanksMixin, DTensorOpTestBase):
+    """DTensorOpTestBase with every rank simulated in this process (no rank threads)."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._local_set_up()
+
+    def _spawn_threads(self) -> None:
+        """Nothing to start: the ranks are simulated."""
+
+    _join_threads = _LocalRanksMixin._run_here
+
+
+def _in_local_tensor_mode(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapped(self: Any) -> Any:
+        compat_local_tensor.reset_dynamo()
+        with self._get_local_tensor_mode():
+            return fn(self)
+
+    return wrapped
+
+
+def _skipped(self: unittest.TestCase) -> None:
+    self.skipTest("Skipped test")
+
+
+def create_local_tensor_test_class(
+    orig_cls: type,
+    skipped_tests: Optional[List[str]] = None,
+    base_class: type = LocalDTensorTestBase,
+) -> type:
+    """`<orig_cls>WithLocalTensor`: orig_cls's tests run in one process, ranks simulated.
+
+    Each test_* method runs inside a LocalTensorMode over all ranks; those named in
+    `skipped_tests` skip. The class body (and so `__module__`) is orig_cls's; bind the
+    result to a module-level name for the loader to find it.
+    """
+    if not isinstance(orig_cls, type):
+        raise TypeError(f"create_local_tensor_test_class: expected a test class, got {orig_cls!r}")
+    skipped = set(skipped_tests or [])
+    body = dict(orig_cls.__dict__)
+    for name, value in list(body.items()):
+        if not callable(value):
+            continue
+        if name in skipped:
+            body[name] = _skipped
+        elif name.startswith("test_"):
+            body[name] = _in_local_tensor_mode(value)
+    for slot in ("__dict__", "__weakref__"):
+        body.pop(slot, None)
+    return type(orig_cls.__name__ + "WithLocalTensor", (base_class, *orig_cls.__bases__), body)
+
+
+@compat_local_tensor.maybe_run_for_local_tensor
+def map_local_tensor_for_rank(tensor: Any, rank: Any, func: Callable[[Any, int], Any]) -> Any:
+    """func(tensor, rank); under LocalTensorMode once per simulated rank, with that rank's shard."""
+    return func(tensor, rank)
+
+
+@compat_local_tensor.maybe_run_for_local_tensor
+def map_local_for_rank(rank: Any, func: Callable[[int], Any]) -> Any:
+    """func(rank); under LocalTensorMode once per simulated rank."""
+    return func(rank)
+
+
+def reduce_local_int(val: Any, func: Callable[[Dict[int, int]], Any]) -> Any:
+    """func({rank: value}) over the per-rank ints of a LocalTensor-mode SymInt."""
+    return func(compat_local_tensor.local_ints(val))

@@ -1,17 +1,44 @@
-"""DTensorTestBase, with_comms and with_temp_dir."""
+"""The DTensor kit: DTensorTestBase, with_comms (both forms), init_pg, the LocalTensor
+variants, and the differential run of the upstream-style files in tests/upstream_style/
+under upstream's harness and this one."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import unittest
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from harness import devices
-from harness.dtensor import DTensorTestBase, with_comms, with_temp_dir
+from harness import compat_local_tensor, devices
+from harness.dtensor import (
+    DTensorOpTestBase,
+    DTensorTestBase,
+    LocalDTensorOpTestBase,
+    LocalDTensorTestBase,
+    create_local_tensor_test_class,
+    map_local_for_rank,
+    map_local_tensor_for_rank,
+    num_devices,
+    reduce_local_int,
+    with_comms,
+    with_temp_dir,
+)
 from harness.multiprocess import MAIN_PROCESS_RANK
+from tests.upstream_style.dtensor_driver import rewrite_for_upstream
+
+ROOT = Path(__file__).resolve().parent.parent
+UPSTREAM_STYLE = ROOT / "tests" / "upstream_style"
+DIFFERENTIAL_FILES = ("dtensor_api", "dtensor_ops", "dtensor_redistribute")
+DIFFERENTIAL_TIMEOUT_S = 1500  # upstream's harness starts 4 fresh interpreters per test
 
 
 class TestDTensorBase(DTensorTestBase):
@@ -26,11 +53,31 @@ class TestDTensorBase(DTensorTestBase):
     def test_with_comms_gives_a_group_and_a_mesh(self) -> None:
         self.assertTrue(dist.is_initialized())
         self.assertEqual(dist.get_world_size(), 2)
+        self.assertEqual(dist.get_backend(), self.backend)
         mesh = self.build_device_mesh()
-        self.assertEqual(mesh.device_type, devices.device_type())
+        self.assertEqual(mesh.device_type, self.device_type)
         sharded = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)])
         self.assertEqual(sharded.to_local(), torch.arange(4.0)[2 * self.rank: 2 * self.rank + 2])
         self.assertEqual(sharded.full_tensor(), torch.arange(4.0))
+
+    @with_comms(eager_init=True, backend="gloo")
+    def test_with_comms_called_hands_backend_to_init_pg(self) -> None:
+        self.assertEqual(dist.get_backend(), "gloo")
+        replicated = distribute_tensor(torch.ones(2), self.build_device_mesh(), [Replicate()])
+        self.assertEqual(replicated.full_tensor(), torch.ones(2))
+
+    @with_comms()
+    def test_with_comms_called_without_arguments(self) -> None:
+        self.assertEqual(dist.get_world_size(), 2)
+
+    @with_comms
+    def test_init_manual_seed_for_rank_differs_per_rank(self) -> None:
+        self.init_manual_seed_for_rank()
+        drawn = torch.rand(3)
+        self.assertEqual(drawn, torch.rand(3, generator=torch.Generator().manual_seed(self.rank)))
+        gathered = [torch.empty(3), torch.empty(3)]
+        dist.all_gather(gathered, drawn)
+        self.assertNotEqual(gathered[0], gathered[1])
 
     @with_comms
     @with_temp_dir
@@ -53,13 +100,137 @@ class TestDTensorBase(DTensorTestBase):
             self.assertFalse(os.path.exists(self.temp_dir), "with_temp_dir left its dir behind")
 
 
-class TestDTensorDefaults(unittest.TestCase):
+class TestDTensorOpBase(DTensorOpTestBase):
+    def test_threads_have_a_group_and_four_ranks(self) -> None:
+        self.assertEqual(self.world_size, num_devices())
+        self.assertEqual(dist.get_world_size(), self.world_size)
+        sharded = distribute_tensor(torch.ones(8, 2), self.build_device_mesh(), [Shard(0)])
+        self.assertEqual(sharded.full_tensor(), torch.ones(8, 2))
+
+    @with_comms
+    def test_with_comms_passes_through_without_init_pg(self) -> None:
+        self.assertEqual(dist.get_world_size(), self.world_size)
+
+
+class _OneRank(DTensorTestBase):
+    """A one-rank DTensorTestBase driven in this process, to call init_pg/destroy_pg directly."""
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    def runTest(self) -> None:  # noqa: N802 - unittest's naming
+        """Not run: the case only carries init_pg and destroy_pg."""
+
+
+class TestInitPg(unittest.TestCase):
+    def _case(self) -> _OneRank:
+        work = tempfile.mkdtemp(prefix="harness-test-init-pg-")
+        self.addCleanup(shutil.rmtree, work, True)
+        case = _OneRank()
+        case.rank = 0
+        case.file_name = os.path.join(work, "rendezvous")
+        case.init_method = f"file://{case.file_name}"
+        self.addCleanup(lambda: dist.is_initialized() and dist.destroy_process_group())
+        return case
+
     def test_defaults(self) -> None:
         case = DTensorTestBase()
-        self.assertEqual(case.world_size, 4)
+        self.assertEqual(case.world_size, num_devices())
         self.assertEqual(case.device_type, devices.device_type())
-        expected = "cpu:gloo,cuda:nccl" if devices.device_type() == "cuda" else "cpu:gloo"
-        self.assertEqual(case.backend, expected)
+        self.assertEqual(case.backend, dist.get_default_backend_for_device(case.device_type))
+        self.assertFalse(case.is_local_tensor_enabled)
+
+    def test_init_pg_uses_default_backend_then_destroy_pg_removes_group(self) -> None:
+        case = self._case()
+        case.init_pg(False)
+        self.assertEqual(dist.get_backend(), case.backend)
+        self.assertEqual(dist.get_world_size(), 1)
+        case.destroy_pg()
+        self.assertFalse(dist.is_initialized())
+
+    @unittest.skipIf(devices.accelerator_count() > 0, "checks the CPU path of eager_init")
+    def test_init_pg_eager_on_cpu_with_explicit_backend(self) -> None:
+        case = self._case()
+        case.init_pg(True, "cpu:gloo")
+        self.assertEqual(dist.get_backend(), "cpu:gloo")
+        case.destroy_pg(device_id=0)
+        self.assertFalse(dist.is_initialized())
+
+    def test_init_pg_rejects_unknown_backend(self) -> None:
+        with self.assertRaisesRegex(RuntimeError, r"^Backend bogus not supported!$"):
+            self._case().init_pg(False, "bogus")
+        self.assertFalse(dist.is_initialized())
+
+    @unittest.skipIf(devices.accelerator_count() > 0, "checks the no-accelerator path")
+    def test_init_pg_with_accelerator_backend_skips_without_devices(self) -> None:
+        with self.assertRaisesRegex(unittest.SkipTest, "Need at least 1 CUDA device.*nccl"):
+            self._case().init_pg(False, "nccl")
+        self.assertFalse(dist.is_initialized())
+
+
+class _Recorder:
+    """Stands in for a test case: records the init_pg / destroy_pg calls with_comms makes."""
+
+    def __init__(self) -> None:
+        self.calls: List[Tuple[Any, ...]] = []
+
+    def init_pg(self, eager_init: bool, backend: Any = None) -> None:
+        self.calls.append(("init_pg", eager_init, backend))
+
+    def destroy_pg(self) -> None:
+        self.calls.append(("destroy_pg",))
+
+
+class TestWithComms(unittest.TestCase):
+    def test_bare_decorator_inits_with_defaults_and_destroys(self) -> None:
+        @with_comms
+        def test_x(case: _Recorder) -> str:
+            case.calls.append(("body",))
+            return "result"
+
+        case = _Recorder()
+        self.assertEqual(test_x(case), "result")
+        self.assertEqual(case.calls, [("init_pg", False, None), ("body",), ("destroy_pg",)])
+        self.assertEqual(test_x.__name__, "test_x")
+
+    def test_called_decorator_hands_its_arguments_to_init_pg(self) -> None:
+        @with_comms(eager_init=True, backend="gloo")
+        def test_x(case: _Recorder) -> None:
+            case.calls.append(("body",))
+
+        case = _Recorder()
+        test_x(case)
+        self.assertEqual(case.calls, [("init_pg", True, "gloo"), ("body",), ("destroy_pg",)])
+        self.assertEqual(test_x.__name__, "test_x")
+
+    def test_called_positionally(self) -> None:
+        case = _Recorder()
+        with_comms(True)(lambda c: None)(case)
+        self.assertEqual(case.calls[0], ("init_pg", True, None))
+
+    def test_failing_body_skips_destroy_pg_and_propagates(self) -> None:
+        @with_comms
+        def test_x(case: _Recorder) -> None:
+            raise AssertionError("body failed")
+
+        case = _Recorder()
+        with self.assertRaisesRegex(AssertionError, "body failed"):
+            test_x(case)
+        self.assertEqual(case.calls, [("init_pg", False, None)])
+
+    def test_passes_through_on_a_case_without_init_pg(self) -> None:
+        ran = []
+        with_comms(lambda case: ran.append(case))("plain")
+        self.assertEqual(ran, ["plain"])
+
+    def test_bad_arguments_are_one_line_errors(self) -> None:
+        bad_flag = r"^with_comms: eager_init must be a bool, got 'yes'$"
+        with self.assertRaisesRegex(TypeError, bad_flag):
+            with_comms(eager_init="yes")
+        bad_backend = r"^with_comms: backend must be a str or None, got 3$"
+        with self.assertRaisesRegex(TypeError, bad_backend):
+            with_comms(backend=3)
 
     def test_with_temp_dir_needs_comms(self) -> None:
         @with_temp_dir
@@ -68,6 +239,192 @@ class TestDTensorDefaults(unittest.TestCase):
 
         with self.assertRaisesRegex(RuntimeError, "test_x needs a process group: put @with_comms"):
             test_x(object())
+
+
+# --- LocalTensor variants -------------------------------------------------------------------
+
+
+class LocalSample(DTensorTestBase):
+    """A DTensor class whose LocalTensor twin below runs in this process."""
+
+    @with_comms
+    def test_shards_per_simulated_rank(self) -> None:
+        mesh = self.build_device_mesh()
+        full = torch.arange(8.0).reshape(4, 2)
+        sharded = distribute_tensor(full, mesh, [Shard(0)])
+        expected = map_local_tensor_for_rank(full, self.rank, lambda t, r: t[r: r + 1])
+        self.assertEqual(sharded.to_local(), expected)
+        self.assertEqual(sharded.full_tensor(), full)
+
+    def test_to_skip(self) -> None:
+        self.assertFalse(self.is_local_tensor_enabled, "in skipped_tests: the twin must not run it")
+
+
+LocalSampleWithLocalTensor = create_local_tensor_test_class(
+    LocalSample, skipped_tests=["test_to_skip"]
+)
+
+
+class TestCreateLocalTensorTestClass(unittest.TestCase):
+    def _run(self, cls: type, name: str) -> unittest.TestResult:
+        result = unittest.TestResult()
+        cls(name).run(result)
+        return result
+
+    def test_name_module_bases_and_ids(self) -> None:
+        cls = LocalSampleWithLocalTensor
+        self.assertEqual(cls.__name__, "LocalSampleWithLocalTensor")
+        self.assertEqual(cls.__qualname__, "LocalSampleWithLocalTensor")
+        self.assertEqual(cls.__module__, __name__)
+        self.assertEqual(cls.__bases__, (LocalDTensorTestBase, DTensorTestBase))
+        names = unittest.TestLoader().getTestCaseNames(cls)
+        self.assertEqual(list(names), ["test_shards_per_simulated_rank", "test_to_skip"])
+        self.assertEqual(
+            cls("test_to_skip").id(), f"{__name__}.LocalSampleWithLocalTensor.test_to_skip"
+        )
+
+    def test_runs_in_this_process_with_every_rank_simulated(self) -> None:
+        seen: Dict[str, Any] = {}
+
+        class Probe(DTensorTestBase):
+            @with_comms
+            def test_probe(self) -> None:
+                seen["backend"] = dist.get_backend()
+                seen["world"] = dist.get_world_size()
+                seen["local"] = self.is_local_tensor_enabled
+                seen["ranks"] = reduce_local_int(self.rank, dict)
+
+        probe = create_local_tensor_test_class(Probe)
+        children_before = len(_children())
+        result = self._run(probe, "test_probe")
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        self.assertEqual(seen, {"backend": "fake", "world": 4, "local": True,
+                                "ranks": {0: 0, 1: 1, 2: 2, 3: 3}})
+        self.assertEqual(len(_children()), children_before)
+        self.assertFalse(dist.is_initialized())
+
+    def test_sharding_matches_per_rank_expectation(self) -> None:
+        result = self._run(LocalSampleWithLocalTensor, "test_shards_per_simulated_rank")
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+
+    def test_skipped_tests_skip(self) -> None:
+        result = self._run(LocalSampleWithLocalTensor, "test_to_skip")
+        self.assertEqual([reason for _, reason in result.skipped], ["Skipped test"])
+
+    def test_a_wrong_per_rank_expectation_does_not_pass(self) -> None:
+        class Wrong(DTensorTestBase):
+            @with_comms
+            def test_wrong(self) -> None:
+                mesh = self.build_device_mesh()
+                sharded = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)])
+                self.assertEqual(sharded.to_local(), torch.tensor([0.0]))  # only rank 0's
+
+        # Comparing a LocalTensor whose ranks disagree raises inside torch's comparison
+        # (an error, as under upstream's harness); either way the test must not pass.
+        result = self._run(create_local_tensor_test_class(Wrong), "test_wrong")
+        self.assertEqual(len(result.failures) + len(result.errors), 1)
+        self.assertIn("test_wrong", (result.failures + result.errors)[0][1])
+        self.assertFalse(dist.is_initialized(), "the fake group outlived a failing test")
+
+    def test_op_test_base_variant_starts_no_threads(self) -> None:
+        seen: Dict[str, Any] = {}
+
+        class Ops(DTensorOpTestBase):
+            @with_comms
+            def test_ops(self) -> None:
+                seen["world"] = dist.get_world_size()
+                seen["mesh"] = self.build_device_mesh().size()
+
+        cls = create_local_tensor_test_class(Ops, base_class=LocalDTensorOpTestBase)
+        self.assertEqual(cls.__name__, "OpsWithLocalTensor")
+        result = self._run(cls, "test_ops")
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        self.assertEqual(seen, {"world": 4, "mesh": 4})
+
+    def test_rejects_a_non_class(self) -> None:
+        with self.assertRaisesRegex(TypeError, "expected a test class, got 3"):
+            create_local_tensor_test_class(3)  # type: ignore[arg-type]
+
+
+class TestMapForRank(unittest.TestCase):
+    def test_outside_local_tensor_mode_calls_once(self) -> None:
+        tensor = torch.arange(4)
+        self.assertEqual(map_local_tensor_for_rank(tensor, 2, lambda t, r: t[r]), torch.tensor(2))
+        self.assertEqual(map_local_for_rank(3, lambda r: r * 10), 30)
+
+    def test_under_local_tensor_mode_runs_per_rank(self) -> None:
+        with compat_local_tensor.local_tensor_mode(3):
+            rank = compat_local_tensor.local_rank(3)
+            mapped = map_local_tensor_for_rank(torch.arange(3), rank, lambda t, r: t[r] * 10)
+        self.assertTrue(compat_local_tensor.is_local_tensor(mapped))
+        per_rank = {r: int(t) for r, t in mapped._local_tensors.items()}
+        self.assertEqual(per_rank, {0: 0, 1: 10, 2: 20})
+
+
+def _children() -> List[str]:
+    """This process's child pids (to show a LocalTensor test starts none)."""
+    path = f"/proc/{os.getpid()}/task/{os.getpid()}/children"
+    with open(path) as f:
+        return f.read().split()
+
+
+# --- the differential run against upstream's harness ------------------------------------------
+
+def _run_variant(directory: Path, sources: Dict[str, str]) -> Dict[str, Dict[str, str]]:
+    """Write the files into `directory` beside the driver, run them, return outcomes by test."""
+    for name, source in sources.items():
+        (directory / f"{name}.py").write_text(source)
+    shutil.copy(UPSTREAM_STYLE / "dtensor_driver.py", directory)
+    out = directory / "outcomes.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(directory), str(ROOT)]))
+    proc = subprocess.run(
+        [sys.executable, str(directory / "dtensor_driver.py"), str(out), *sources],
+        cwd=directory, env=env, capture_output=True, text=True, timeout=DIFFERENTIAL_TIMEOUT_S,
+    )
+    if proc.returncode != 0 or not out.exists():
+        raise AssertionError(f"driver failed in {directory.name}:\n{proc.stderr[-6000:]}")
+    return json.loads(out.read_text())
+
+
+class TestUpstreamStyleDifferential(unittest.TestCase):
+    """tests/upstream_style/dtensor_*.py under upstream's harness and under this one.
+
+    Slow (upstream starts four interpreters per multi-process test): the files are run
+    once for the class. Every test that passes under upstream must pass here, with the
+    same id.
+    """
+
+    upstream: Dict[str, Dict[str, str]] = {}
+    here: Dict[str, Dict[str, str]] = {}
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        sources = {n: (UPSTREAM_STYLE / f"{n}.py").read_text() for n in DIFFERENTIAL_FILES}
+        with tempfile.TemporaryDirectory(prefix="harness-dtensor-diff-") as tmp:
+            upstream_dir, here_dir = Path(tmp, "upstream"), Path(tmp, "harness")
+            upstream_dir.mkdir()
+            here_dir.mkdir()
+            cls.upstream = _run_variant(
+                upstream_dir, {n: rewrite_for_upstream(s) for n, s in sources.items()}
+            )
+            cls.here = _run_variant(here_dir, sources)
+
+    def test_same_tests_with_the_same_ids(self) -> None:
+        self.assertEqual(sorted(self.here), sorted(self.upstream))
+        for key, outcome in self.upstream.items():
+            self.assertEqual(self.here[key]["id"], outcome["id"], key)
+
+    def test_every_upstream_pass_passes_here(self) -> None:
+        passed = [k for k, v in self.upstream.items() if v["outcome"] == "pass"]
+        self.assertGreaterEqual(len(passed), 20, "the files should give upstream 20+ passes")
+        not_here = {k: self.here.get(k, {}).get("outcome") for k in passed
+                    if self.here.get(k, {}).get("outcome") != "pass"}
+        self.assertEqual(not_here, {})
+
+    def test_local_tensor_and_threaded_classes_took_part(self) -> None:
+        classes = {key.split(".")[1] for key, v in self.here.items() if v["outcome"] == "pass"}
+        self.assertTrue({"DTensorTestWithLocalTensor", "DistTensorOpsTest",
+                         "DistTensorOpsTestWithLocalTensor"} <= classes, classes)
 
 
 if __name__ == "__main__":

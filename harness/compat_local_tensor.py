@@ -1,0 +1,147 @@
+"""The private torch symbols the DTensor kit needs, in one place.
+
+Upstream's DTensor tests run a second time with every rank simulated in one process
+(torch.distributed._local_tensor), on a process group that does no communication (the
+`fake` backend). Both are private torch machinery, as are a few hooks the DTensor test
+bases and models touch (functional collectives with autograd, the sharding propagator's
+lock, DTensor's RNG tracker). When torch moves one of them, only this module changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+from typing import Any, Callable, ContextManager, Iterator, List
+
+import torch
+import torch.distributed as dist
+
+FAKE_BACKEND = "fake"
+
+
+def _local_tensor_module() -> Any:
+    return importlib.import_module("torch.distributed._local_tensor")
+
+
+def local_tensor_mode(world_size: int) -> ContextManager[Any]:
+    """A LocalTensorMode simulating ranks 0..world_size-1 in this process."""
+    return _local_tensor_module().LocalTensorMode(frozenset(range(world_size)))
+
+
+def local_rank(world_size: int) -> torch.SymInt:
+    """The rank as LocalTensor code sees it: one int per simulated rank (rank r -> r)."""
+    node = _local_tensor_module().LocalIntNode({r: r for r in range(world_size)})
+    return torch.SymInt(node)
+
+
+def local_ints(value: Any) -> dict:
+    """The per-rank ints behind a SymInt made by `local_rank` (or by arithmetic on it)."""
+    return dict(value.node._local_ints)
+
+
+def maybe_disable_local_tensor_mode() -> ContextManager[Any]:
+    """Leave LocalTensorMode for the block (a no-op outside it): meshes are built outside."""
+    return _local_tensor_module().maybe_disable_local_tensor_mode()
+
+
+def maybe_run_for_local_tensor(func: Callable) -> Callable:
+    """Wrap `func` so that under LocalTensorMode it runs once per simulated rank."""
+    return _local_tensor_module().maybe_run_for_local_tensor(func)
+
+
+def is_local_tensor(value: Any) -> bool:
+    """Whether `value` is exactly a LocalTensor (one tensor per simulated rank)."""
+    return type(value) is _local_tensor_module().LocalTensor
+
+
+def is_functional_tensor(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is a functionalization wrapper (DTensor cannot hold one)."""
+    return bool(torch._is_functional_tensor(tensor))
+
+
+def _create_fake_pg(common_opts: Any, backend_opts: Any) -> Any:
+    fake_pg = torch._C._distributed_c10d.FakeProcessGroup
+    return fake_pg._create_internal(common_opts.group_rank, common_opts.group_size, backend_opts)
+
+
+def register_fake_backend() -> None:
+    """Make `init_process_group("fake", ...)` work without importing torch.testing._internal.
+
+    torch registers its fake backend only when its private test module is imported;
+    registering again under the same name is what that module does too, so either order
+    is fine.
+    """
+    if FAKE_BACKEND.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(
+        FAKE_BACKEND, _create_fake_pg, extended_api=True, devices=["cpu", "cuda", "hpu", "xpu"]
+    )
+
+
+def init_fake_process_group(world_size: int) -> Any:
+    """A default group of `world_size` ranks, this process as rank 0, that communicates nothing."""
+    register_fake_backend()
+    dist.init_process_group(FAKE_BACKEND, rank=0, world_size=world_size, store=dist.HashStore())
+    return dist.group.WORLD
+
+
+def set_record_function_enabled(enabled: bool) -> None:
+    """Turn autograd's record_function on or off (LocalTensor tests run with it off)."""
+    torch.autograd._enable_record_function(enabled)
+
+
+def reset_dtensor_rng_tracker() -> None:
+    """Forget DTensor's RNG tracker so the next test seeds its own (upstream's tearDown)."""
+    importlib.import_module("torch.distributed.tensor._random")._rng_tracker = None
+
+
+def reset_dynamo() -> None:
+    """Drop torch.compile caches between LocalTensor tests, as upstream does."""
+    importlib.import_module("torch._dynamo").reset()
+
+
+@contextlib.contextmanager
+def thread_safe_sharding_propagation() -> Iterator[None]:
+    """Give DTensor's sharding propagator a real lock while rank threads share it."""
+    propagator = importlib.import_module("torch.distributed.tensor._sharding_prop")
+    cls = propagator.ShardingPropagator
+    original = cls._fake_mode_lock
+    cls._fake_mode_lock = threading.Lock()
+    try:
+        yield
+    finally:
+        cls._fake_mode_lock = original
+
+
+def _functional_collectives() -> Any:
+    return importlib.import_module("torch.distributed._functional_collectives")
+
+
+# What an async functional collective returns (e.g. `redistribute(..., async_op=True)`
+# then `to_local()`): tests compare `type(out)` against it.
+AsyncCollectiveTensor: type = _functional_collectives().AsyncCollectiveTensor
+
+
+def all_gather_along_dim0(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+    """All-gather along dim 0 with autograd (backward reduce-scatters), waited on."""
+    gathered = _functional_collectives().all_gather_single_autograd(
+        tensor, gather_dim=0, group=group
+    )
+    return torch.ops._c10d_functional.wait_tensor(gathered)
+
+
+def reduce_scatter_sum_along_dim0(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+    """Reduce-scatter (sum) along dim 0 with autograd (backward all-gathers), waited on."""
+    scattered = _functional_collectives().reduce_scatter_single_autograd(
+        tensor, "sum", scatter_dim=0, group=group
+    )
+    return torch.ops._c10d_functional.wait_tensor(scattered)
+
+
+def concatenate_meshes(meshes: List[Any]) -> Any:
+    """One DeviceMesh spanning the given meshes' dims (e.g. an (ep, tp) mesh from ep and tp)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh._concatenate(meshes)
+
