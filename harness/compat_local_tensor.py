@@ -4,15 +4,17 @@ Upstream's DTensor tests run a second time with every rank simulated in one proc
 (torch.distributed._local_tensor), on a process group that does no communication (the
 `fake` backend). Both are private torch machinery, as are a few hooks the DTensor test
 bases and models touch (functional collectives with autograd, the sharding propagator's
-lock, DTensor's RNG tracker). When torch moves one of them, only this module changes.
+lock, DTensor's RNG tracker, DTensor specs for shard-order tests). When torch moves one of
+them, only this module changes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import threading
-from typing import Any, Callable, ContextManager, Iterator, List
+from typing import Any, Callable, ContextManager, Iterator, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -145,3 +147,42 @@ def concatenate_meshes(meshes: List[Any]) -> Any:
 
     return DeviceMesh._concatenate(meshes)
 
+
+
+# --- DTensor shard order (upstream's test helpers until redistribute takes a shard_order) ---
+
+
+def shard_order_entry(tensor_dim: int, mesh_dims: Tuple[int, ...]) -> Any:
+    """One entry of a DTensor shard order: `tensor_dim` sharded over `mesh_dims`, in order."""
+    spec = importlib.import_module("torch.distributed.tensor._dtensor_spec")
+    return spec.ShardOrderEntry(tensor_dim=tensor_dim, mesh_dims=tuple(mesh_dims))
+
+
+def redistribute_to_shard_order(
+    dtensor: Any, mesh: Any, placements: Tuple[Any, ...], shard_order: Any,
+    use_graph_based_transform: bool = True,
+) -> Any:
+    """`dtensor` moved to `placements` applied in `shard_order` (forward only)."""
+    from torch.distributed.tensor import DTensor
+
+    old_spec = dtensor._spec
+    new_spec = copy.deepcopy(old_spec)
+    new_spec.placements = placements
+    new_spec.shard_order = shard_order if shard_order is not None else ()
+    if old_spec == new_spec:
+        return dtensor
+    redistribute = importlib.import_module("torch.distributed.tensor._redistribute")
+    local = redistribute.redistribute_local_tensor(
+        dtensor.to_local(), old_spec, new_spec,
+        use_graph_based_transform=use_graph_based_transform,
+    )
+    result = DTensor.from_local(local, mesh)
+    result._spec = copy.deepcopy(new_spec)
+    return result
+
+
+def use_explicit_shard_order(dtensor: Any) -> None:
+    """Make `dtensor`'s spec keep an explicit shard order instead of deriving it from
+    strided shards, so a later redistribute can set the order."""
+    dtensor._spec.use_strided_shard_as_shard_order = False
+    dtensor._spec.__post_init__()

@@ -27,9 +27,11 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distr
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from harness import compat_local_tensor, devices
+from harness.continuous import MultiProcContinuousTest
 from harness.multiprocess import MultiProcessTestCase
 from harness.multithread import MAIN_THREAD_RANK, MultiThreadedTestCase
 from harness.skips import TEST_SKIPS, skip_if_lt_x_gpu
+from harness.testcase import TestCase
 
 DEFAULT_WORLD_SIZE = 4
 ACCELERATOR_BACKENDS = ("nccl", "xccl", "hccl")
@@ -162,6 +164,26 @@ class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
                 device_id = torch.accelerator.current_device_index()
             dist.barrier(device_ids=[device_id])
         dist.destroy_process_group()
+
+
+class DTensorContinuousTestBase(DTensorTestMixin, MultiProcContinuousTest):
+    """DTensor helpers on upstream's shared-process base (harness/continuous.py)."""
+
+    @classmethod
+    def backend_str(cls) -> str:
+        return dist.get_default_backend_for_device(devices.device_type())
+
+    @classmethod
+    def _init_pg(cls, rank: int, world_size: int, rdvz_file: str) -> None:
+        """Bind each rank to its accelerator first; skip with fewer accelerators than ranks."""
+        found = devices.accelerator_count()
+        if found > 0:
+            if world_size > found:
+                raise unittest.SkipTest(
+                    f"Need at least {world_size} CUDA devices: one per rank, found {found}"
+                )
+            torch.accelerator.set_device_index(devices.rank_device(rank).index)
+        super()._init_pg(rank, world_size, rdvz_file)
 
 
 TestFunc = Callable[..., Any]
@@ -348,6 +370,94 @@ class DTensorConverter:
         raise RuntimeError(f"Trying to convert to DTensor, but got {type(t)}")
 
 
+# --- shard order (upstream's helpers for tests of placements applied in a given order) ------
+
+
+def _convert_shard_order_dict_to_ShardOrder(shard_order: Dict[int, Sequence[int]]) -> tuple:  # noqa: N802
+    """{tensor_dim: mesh_dims} as a DTensor shard order (a tuple of ShardOrderEntry)."""
+    return tuple(
+        compat_local_tensor.shard_order_entry(tensor_dim, tuple(mesh_dims))
+        for tensor_dim, mesh_dims in shard_order.items()
+    )
+
+
+def shard_order_to_placement(shard_order: Any, mesh: DeviceMesh) -> Tuple[Placement, ...]:
+    """The placements a shard order implies: Shard(tensor_dim) on its mesh dims, else Replicate."""
+    placements: List[Placement] = [Replicate() for _ in range(mesh.ndim)]
+    for entry in shard_order or ():
+        for mesh_dim in entry.mesh_dims:
+            placements[mesh_dim] = Shard(entry.tensor_dim)
+    return tuple(placements)
+
+
+def _contiguous_splits(items: List[int], parts: int) -> Iterator[List[List[int]]]:
+    """Every way to cut `items` into `parts` non-empty runs, in order."""
+    for cuts in itertools.combinations(range(1, len(items)), parts - 1):
+        bounds = (0, *cuts, len(items))
+        yield [items[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def generate_shard_orders(mesh: DeviceMesh, tensor_rank: int) -> Iterator[tuple]:
+    """Every shard order of a `tensor_rank`-D tensor over `mesh` (upstream's enumeration).
+
+    For each order of the mesh dims, cut it into runs and give each run to a distinct
+    tensor dim (in increasing tensor-dim order).
+    """
+    mesh_dims = list(range(mesh.ndim))
+    for device_order in itertools.permutations(mesh_dims):
+        for parts in range(1, mesh.ndim + 1):
+            for runs in _contiguous_splits(mesh_dims, parts):
+                for tensor_dims in itertools.combinations(range(tensor_rank), len(runs)):
+                    yield _convert_shard_order_dict_to_ShardOrder({
+                        tensor_dim: device_order[run[0]: run[-1] + 1]
+                        for tensor_dim, run in zip(tensor_dims, runs)
+                    })
+
+
+def redistribute(
+    dtensor_input: DTensor,
+    device_mesh: DeviceMesh,
+    placements: Optional[Sequence[Placement]],
+    shard_order: Any,
+    use_graph_based_transform: bool = True,
+) -> DTensor:
+    """`dtensor_input` redistributed to `placements` (default: those of `shard_order`), with
+    the shards applied in `shard_order`. Forward only."""
+    if placements is None:
+        placements = shard_order_to_placement(shard_order, device_mesh)
+    return compat_local_tensor.redistribute_to_shard_order(
+        dtensor_input, device_mesh, tuple(placements), shard_order, use_graph_based_transform
+    )
+
+
+def patched_distribute_tensor(
+    input_tensor: torch.Tensor,
+    device_mesh: DeviceMesh,
+    placements: Optional[Sequence[Placement]],
+    shard_order: Any,
+    use_graph_based_transform: bool = True,
+    src_data_rank: Optional[int] = 0,
+) -> DTensor:
+    """distribute_tensor, then the shards put in `shard_order`."""
+    if placements is None:
+        placements = shard_order_to_placement(shard_order, device_mesh)
+    placements = tuple(placements)
+    distributed = distribute_tensor(
+        input_tensor, device_mesh, placements, src_data_rank=src_data_rank
+    )
+    compat_local_tensor.use_explicit_shard_order(distributed)
+    return redistribute(
+        distributed, device_mesh, placements, shard_order, use_graph_based_transform
+    )
+
+
+def make_full_tensor(dtensor_input: DTensor) -> torch.Tensor:
+    """The full tensor of `dtensor_input`, gathered through `redistribute` (any shard order)."""
+    return redistribute(
+        dtensor_input, dtensor_input.device_mesh, placements=None, shard_order=()
+    ).to_local()
+
+
 # --- ranks simulated in one process (LocalTensor) -----------------------------------------
 
 
@@ -355,7 +465,6 @@ class _LocalRanksMixin:
     """What the *WithLocalTensor classes share: one process, every rank simulated, fake group."""
 
     world_size: int
-    _pg: Any = None
 
     @property
     def is_local_tensor_enabled(self) -> bool:
@@ -390,6 +499,16 @@ class _LocalRanksMixin:
         with compat_local_tensor.maybe_disable_local_tensor_mode():
             return super().build_device_mesh()  # type: ignore[misc]
 
+    def init_manual_seed_for_rank(self) -> None:
+        torch.manual_seed(0)
+
+
+class _LocalGroupPerTest:
+    """`with_comms` on a LocalTensor class: a fake default group around each test."""
+
+    world_size: int
+    _pg: Any = None
+
     def init_pg(self, eager_init: bool, backend: Optional[str] = None) -> None:
         """A fake default group of world_size ranks (nothing to talk to: all ranks are here)."""
         self._pg = compat_local_tensor.init_fake_process_group(self.world_size)
@@ -398,11 +517,8 @@ class _LocalRanksMixin:
         dist.destroy_process_group(self._pg)
         self._pg = None
 
-    def init_manual_seed_for_rank(self) -> None:
-        torch.manual_seed(0)
 
-
-class LocalDTensorTestBase(_LocalRanksMixin, DTensorTestBase):
+class LocalDTensorTestBase(_LocalRanksMixin, _LocalGroupPerTest, DTensorTestBase):
     """DTensorTestBase with every rank simulated in this process (no rank processes)."""
 
     def setUp(self) -> None:
@@ -415,7 +531,7 @@ class LocalDTensorTestBase(_LocalRanksMixin, DTensorTestBase):
     _join_processes = _LocalRanksMixin._run_here
 
 
-class LocalDTensorOpTestBase(_LocalRanksMixin, DTensorOpTestBase):
+class LocalDTensorOpTestBase(_LocalRanksMixin, _LocalGroupPerTest, DTensorOpTestBase):
     """DTensorOpTestBase with every rank simulated in this process (no rank threads)."""
 
     def setUp(self) -> None:
@@ -426,6 +542,36 @@ class LocalDTensorOpTestBase(_LocalRanksMixin, DTensorOpTestBase):
         """Nothing to start: the ranks are simulated."""
 
     _join_threads = _LocalRanksMixin._run_here
+
+
+class LocalDTensorContinuousTestBase(_LocalRanksMixin, DTensorContinuousTestBase):
+    """DTensorContinuousTestBase with every rank simulated in this process, on one fake
+    default group for the whole class (as upstream's class-wide group)."""
+
+    world_size = NUM_DEVICES
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        compat_local_tensor.init_fake_process_group(cls.world_size)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        super().tearDownClass()
+
+    def setUp(self) -> None:
+        TestCase.setUp(self)  # no ranks to start, no per-test group: the class has one
+        self._local_set_up()
+
+    def tearDown(self) -> None:
+        TestCase.tearDown(self)
+
+    def _spawn_processes(self) -> None:
+        """Nothing to start: the ranks are simulated."""
+
+    _join_processes = _LocalRanksMixin._run_here
 
 
 def _in_local_tensor_mode(fn: Callable) -> Callable:

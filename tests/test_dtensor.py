@@ -16,19 +16,28 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from harness import compat_local_tensor, devices
 from harness.dtensor import (
+    DTensorContinuousTestBase,
     DTensorOpTestBase,
     DTensorTestBase,
+    LocalDTensorContinuousTestBase,
     LocalDTensorOpTestBase,
     LocalDTensorTestBase,
+    _convert_shard_order_dict_to_ShardOrder,
     create_local_tensor_test_class,
+    generate_shard_orders,
+    make_full_tensor,
     map_local_for_rank,
     map_local_tensor_for_rank,
     num_devices,
+    patched_distribute_tensor,
+    redistribute,
     reduce_local_int,
+    shard_order_to_placement,
     with_comms,
     with_temp_dir,
 )
@@ -110,6 +119,23 @@ class TestDTensorOpBase(DTensorOpTestBase):
     @with_comms
     def test_with_comms_passes_through_without_init_pg(self) -> None:
         self.assertEqual(dist.get_world_size(), self.world_size)
+
+
+class ContinuousSample(DTensorContinuousTestBase):
+    world_size = 2
+
+    @with_comms  # passes through: the class's group already exists
+    def test_group_and_mesh(self) -> None:
+        self.assertEqual(dist.get_world_size(), 2)
+        expected = "fake" if self.is_local_tensor_enabled else type(self).backend_str()
+        self.assertEqual(dist.get_backend(), expected)
+        sharded = distribute_tensor(torch.ones(4), self.build_device_mesh(), [Shard(0)])
+        self.assertEqual(sharded.to_local(), torch.ones(2))
+
+
+ContinuousSampleWithLocalTensor = create_local_tensor_test_class(
+    ContinuousSample, base_class=LocalDTensorContinuousTestBase
+)
 
 
 class _OneRank(DTensorTestBase):
@@ -341,6 +367,13 @@ class TestCreateLocalTensorTestClass(unittest.TestCase):
         self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
         self.assertEqual(seen, {"world": 4, "mesh": 4})
 
+    def test_continuous_variant_shares_one_fake_group_for_the_class(self) -> None:
+        suite = unittest.TestLoader().loadTestsFromTestCase(ContinuousSampleWithLocalTensor)
+        result = unittest.TestResult()
+        suite.run(result)
+        self.assertEqual((result.testsRun, result.errors, result.failures), (1, [], []))
+        self.assertFalse(dist.is_initialized(), "tearDownClass left the fake group")
+
     def test_rejects_a_non_class(self) -> None:
         with self.assertRaisesRegex(TypeError, "expected a test class, got 3"):
             create_local_tensor_test_class(3)  # type: ignore[arg-type]
@@ -361,6 +394,62 @@ class TestMapForRank(unittest.TestCase):
         self.assertEqual(per_rank, {0: 0, 1: 10, 2: 20})
 
 
+class _MeshShape:
+    """Stands in for a DeviceMesh where only its number of dims matters."""
+
+    def __init__(self, ndim: int) -> None:
+        self.ndim = ndim
+
+
+class TestShardOrderHelpers(unittest.TestCase):
+    """The shard-order helpers give what upstream's give (upstream imported for comparison)."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        from torch.testing._internal.distributed._tensor import common_dtensor
+
+        cls.upstream = common_dtensor
+
+    def test_generate_shard_orders_and_placements_match_upstream(self) -> None:
+        for ndim in (1, 2, 3):
+            for tensor_rank in (1, 2, 3):
+                with self.subTest(ndim=ndim, tensor_rank=tensor_rank):
+                    mesh = _MeshShape(ndim)
+                    mine = list(generate_shard_orders(mesh, tensor_rank))
+                    theirs = list(self.upstream.generate_shard_orders(mesh, tensor_rank))
+                    self.assertEqual(mine, theirs)
+                    self.assertGreater(len(mine), 0)
+                    for order in mine:
+                        self.assertEqual(shard_order_to_placement(order, mesh),
+                                         self.upstream.shard_order_to_placement(order, mesh))
+
+    def test_distribute_in_order_and_gather_back(self) -> None:
+        compat_local_tensor.init_fake_process_group(4)
+        self.addCleanup(dist.destroy_process_group)
+        full = torch.arange(16.0).reshape(4, 4)
+        with compat_local_tensor.local_tensor_mode(4):
+            with compat_local_tensor.maybe_disable_local_tensor_mode():
+                mesh = init_device_mesh("cpu", (2, 2))
+            order = _convert_shard_order_dict_to_ShardOrder({0: [1, 0]})
+            mine = patched_distribute_tensor(full, mesh, None, order)
+            theirs = self.upstream.patched_distribute_tensor(full, mesh, None, order)
+            self.assertEqual(mine.placements, (Shard(0), Shard(0)))
+            self.assertEqual(mine._spec.shard_order, theirs._spec.shard_order)
+            mine_local, theirs_local = mine.to_local(), theirs.to_local()
+            gathered = make_full_tensor(mine)
+            to_dim1 = _convert_shard_order_dict_to_ShardOrder({1: [1]})
+            moved = redistribute(mine, mesh, None, to_dim1).to_local()
+            moved_upstream = self.upstream.redistribute(theirs, mesh, None, to_dim1).to_local()
+        self.assertEqual(_per_rank(mine_local), _per_rank(theirs_local))
+        self.assertEqual(_per_rank(gathered), {r: full.tolist() for r in range(4)})
+        self.assertEqual(_per_rank(moved), _per_rank(moved_upstream))
+        self.assertEqual(_per_rank(moved)[1], full[:, 2:].tolist())  # rank 1: mesh coords (0, 1)
+
+
+def _per_rank(tensor: torch.Tensor) -> Dict[int, Any]:
+    return {r: t.tolist() for r, t in tensor._local_tensors.items()}
+
+
 def _children() -> List[str]:
     """This process's child pids (to show a LocalTensor test starts none)."""
     path = f"/proc/{os.getpid()}/task/{os.getpid()}/children"
@@ -370,8 +459,8 @@ def _children() -> List[str]:
 
 # --- the differential run against upstream's harness ------------------------------------------
 
-def _run_variant(directory: Path, sources: Dict[str, str]) -> Dict[str, Dict[str, str]]:
-    """Write the files into `directory` beside the driver, run them, return outcomes by test."""
+def _run_variant(directory: Path, sources: Dict[str, str]) -> Tuple[Dict[str, Any], str]:
+    """Write the files into `directory` beside the driver, run them; (outcomes by test, log)."""
     for name, source in sources.items():
         (directory / f"{name}.py").write_text(source)
     shutil.copy(UPSTREAM_STYLE / "dtensor_driver.py", directory)
@@ -383,7 +472,7 @@ def _run_variant(directory: Path, sources: Dict[str, str]) -> Dict[str, Dict[str
     )
     if proc.returncode != 0 or not out.exists():
         raise AssertionError(f"driver failed in {directory.name}:\n{proc.stderr[-6000:]}")
-    return json.loads(out.read_text())
+    return json.loads(out.read_text()), proc.stderr
 
 
 class TestUpstreamStyleDifferential(unittest.TestCase):
@@ -396,6 +485,7 @@ class TestUpstreamStyleDifferential(unittest.TestCase):
 
     upstream: Dict[str, Dict[str, str]] = {}
     here: Dict[str, Dict[str, str]] = {}
+    here_log = ""
 
     @classmethod
     def setUpClass(cls) -> None:
@@ -404,10 +494,10 @@ class TestUpstreamStyleDifferential(unittest.TestCase):
             upstream_dir, here_dir = Path(tmp, "upstream"), Path(tmp, "harness")
             upstream_dir.mkdir()
             here_dir.mkdir()
-            cls.upstream = _run_variant(
+            cls.upstream, _ = _run_variant(
                 upstream_dir, {n: rewrite_for_upstream(s) for n, s in sources.items()}
             )
-            cls.here = _run_variant(here_dir, sources)
+            cls.here, cls.here_log = _run_variant(here_dir, sources)
 
     def test_same_tests_with_the_same_ids(self) -> None:
         self.assertEqual(sorted(self.here), sorted(self.upstream))
@@ -419,7 +509,7 @@ class TestUpstreamStyleDifferential(unittest.TestCase):
         self.assertGreaterEqual(len(passed), 20, "the files should give upstream 20+ passes")
         not_here = {k: self.here.get(k, {}).get("outcome") for k in passed
                     if self.here.get(k, {}).get("outcome") != "pass"}
-        self.assertEqual(not_here, {})
+        self.assertEqual(not_here, {}, f"what failed here:\n{self.here_log[-8000:]}")
 
     def test_local_tensor_and_threaded_classes_took_part(self) -> None:
         classes = {key.split(".")[1] for key, v in self.here.items() if v["outcome"] == "pass"}
