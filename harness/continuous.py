@@ -8,7 +8,10 @@ rendezvous before the test and destroyed after it. What they add is only upstrea
 (`world_size`, `rank`, `backend_str()`, `device_type()`, `opts()`, `timeout`, `_init_pg`, `pg` /
 `process_group`), so upstream files that subclass them import and pass with upstream's
 semantics, and swapping in the shared-process launcher later changes no test file. Unlike
-upstream there is no poison pill: a failing test fails alone.
+upstream there is no poison pill: a failing test fails alone. Two things fresh processes make
+unnecessary that the shared launcher must add: resetting torch.compile's caches between tests
+(upstream calls ``torch._dynamo.reset()``) and creating the group once per class. The default
+``timeout`` is the harness's (HARNESS_TIMEOUT, else 300 s), not upstream's 120 s.
 """
 
 from __future__ import annotations
