@@ -116,6 +116,16 @@ def thread_safe_sharding_propagation() -> Iterator[None]:
         cls._fake_mode_lock = original
 
 
+def tree_flatten(tree: Any) -> Tuple[List[Any], Any]:
+    """torch's pytree flatten (leaves, spec): it knows torch's containers, unlike a generic one."""
+    return importlib.import_module("torch.utils._pytree").tree_flatten(tree)
+
+
+def tree_unflatten(leaves: List[Any], spec: Any) -> Any:
+    """The inverse of `tree_flatten`."""
+    return importlib.import_module("torch.utils._pytree").tree_unflatten(leaves, spec)
+
+
 def _functional_collectives() -> Any:
     return importlib.import_module("torch.distributed._functional_collectives")
 

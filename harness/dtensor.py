@@ -24,9 +24,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from harness import compat_local_tensor, devices
+from harness.compat_local_tensor import tree_flatten, tree_unflatten
 from harness.continuous import MultiProcContinuousTest
 from harness.multiprocess import MultiProcessTestCase
 from harness.multithread import MAIN_THREAD_RANK, MultiThreadedTestCase
@@ -462,7 +462,7 @@ def make_full_tensor(dtensor_input: DTensor) -> torch.Tensor:
 
 
 class _LocalRanksMixin:
-    """What the *WithLocalTensor classes share: one process, every rank simulated, fake group."""
+    """What the *WithLocalTensor classes share: one process in which every rank is simulated."""
 
     world_size: int
 

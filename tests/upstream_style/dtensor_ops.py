@@ -34,15 +34,6 @@ class DistTensorOpsTest(DTensorOpTestBase):
             self.assertEqual(cloned_mat.to_local(), mat.to_local())
 
     @with_comms
-    def test_detach(self):
-        device_mesh = self.build_device_mesh()
-        tensor_to_detach = torch.randn(12, 8, requires_grad=True)
-        mat = distribute_tensor(tensor_to_detach, device_mesh, [Shard(0)])
-        detached_mat = mat.detach()
-        self.assertFalse(detached_mat.requires_grad)
-        self.assertFalse(detached_mat is mat)
-
-    @with_comms
     def test_ones_like(self):
         device_mesh = self.build_device_mesh()
         input_tensor = torch.randn(4, 8)

@@ -10,7 +10,9 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from harness import (
     DTensorTestBase,
     create_local_tensor_test_class,
+    instantiate_parametrized_tests,
     map_local_tensor_for_rank,
+    parametrize,
     run_tests,
     with_comms,
 )
@@ -77,6 +79,17 @@ class RedistributeTest(DTensorTestBase):
             self.assertNotEqual(gathered[0], gathered[1])
 
 
+    @with_comms(eager_init=True)
+    @parametrize("shard_dim", [0, 1])
+    def test_shard_dim_round_trip(self, shard_dim):
+        device_mesh = self.build_device_mesh()
+        full = torch.arange(16.0).reshape(4, 4)
+        sharded = distribute_tensor(full, device_mesh, [Shard(shard_dim)])
+        self.assertEqual(sharded.to_local().shape[shard_dim], 4 // self.world_size)
+        self.assertEqual(sharded.redistribute(device_mesh, [Replicate()]).to_local(), full)
+
+
+instantiate_parametrized_tests(RedistributeTest)
 RedistributeTestWithLocalTensor = create_local_tensor_test_class(RedistributeTest)
 
 
