@@ -196,3 +196,41 @@ def use_explicit_shard_order(dtensor: Any) -> None:
     strided shards, so a later redistribute can set the order."""
     dtensor._spec.use_strided_shard_as_shard_order = False
     dtensor._spec.__post_init__()
+
+
+def tree_leaves(tree: Any) -> List[Any]:
+    """The leaves of a pytree, in `tree_flatten` order."""
+    return importlib.import_module("torch.utils._pytree").tree_leaves(tree)
+
+
+def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """`tree` with every leaf replaced by fn(leaf)."""
+    return importlib.import_module("torch.utils._pytree").tree_map(fn, tree)
+
+
+@contextlib.contextmanager
+def op_strategy_context(
+    op_overload: Any, strategy_func: Callable, schema_info: Any = None
+) -> Iterator[None]:
+    """Register `strategy_func` as DTensor's sharding strategy for `op_overload` for the block,
+    then put back whatever was registered before (and clear the sharding cache)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    register_op_strategy = importlib.import_module(
+        "torch.distributed.tensor._ops.utils"
+    ).register_op_strategy
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    saved_func = propagator.op_strategy_funcs.pop(op_overload, None)
+    saved_schema = propagator.op_to_schema_info.pop(op_overload, None)
+    try:
+        register_op_strategy(op_overload, schema_info=schema_info)(strategy_func)
+        yield
+    finally:
+        propagator.op_strategy_funcs.pop(op_overload, None)
+        propagator.op_to_schema_info.pop(op_overload, None)
+        if saved_func is not None:
+            propagator.op_strategy_funcs[op_overload] = saved_func
+        if saved_schema is not None:
+            propagator.op_to_schema_info[op_overload] = saved_schema
+        _clear_sharding_prop_cache()

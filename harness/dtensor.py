@@ -45,7 +45,9 @@ def num_devices() -> int:
     return min(DEFAULT_WORLD_SIZE, count) if count > 1 else DEFAULT_WORLD_SIZE
 
 
-NUM_DEVICES = num_devices()  # upstream's module constant; bases ask num_devices() at call time
+NUM_DEVICES = num_devices()  # upstream's module constants; the bases ask again at call time
+DEVICE_TYPE = devices.device_type()
+PG_BACKEND = devices.backend_for(DEVICE_TYPE)
 
 
 def skip_unless_torch_gpu(method: T) -> T:
@@ -456,6 +458,110 @@ def make_full_tensor(dtensor_input: DTensor) -> torch.Tensor:
     return redistribute(
         dtensor_input, dtensor_input.device_mesh, placements=None, shard_order=()
     ).to_local()
+
+
+# --- checking a sharding rule on one sample ---------------------------------------------------
+
+op_strategy_context = compat_local_tensor.op_strategy_context
+
+
+def _tensors_in(args: Any, kwargs: Any) -> List[torch.Tensor]:
+    leaves = [*compat_local_tensor.tree_leaves(args), *compat_local_tensor.tree_leaves(kwargs)]
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def _with_tensors(args: Any, kwargs: Any, tensors: Sequence[Any]) -> Tuple[Any, Any]:
+    """(args, kwargs) with their tensors replaced, in order, by `tensors`."""
+    replacements = iter(tensors)
+    return compat_local_tensor.tree_map(
+        lambda leaf: next(replacements) if isinstance(leaf, torch.Tensor) else leaf, (args, kwargs)
+    )
+
+
+def validate_sharding_rule_sample(
+    op: Callable, full_args: Any, full_kwargs: Any, input_placements: Sequence[Placement],
+    output_placements: Sequence[Placement], device_mesh: DeviceMesh,
+) -> bool:
+    """Whether running `op` on each rank's shards (inputs placed as `input_placements`) gives
+    outputs that, read as `output_placements`, equal `op` on the full inputs (1-D mesh)."""
+    full_tensors = _tensors_in(full_args, full_kwargs)
+    dtensors = [
+        distribute_tensor(t, device_mesh, (p,)) for t, p in zip(full_tensors, input_placements)
+    ]
+    local_args, local_kwargs = _with_tensors(
+        full_args, full_kwargs, [d.to_local() for d in dtensors]
+    )
+    expected = _tensors_in(op(*full_args, **full_kwargs), {})
+    actual = _tensors_in(op(*local_args, **local_kwargs), {})
+    for ref, local, placement in zip(expected, actual, output_placements):
+        full = DTensor.from_local(local, device_mesh, (placement,))
+        full = full.redistribute(device_mesh, (Replicate(),)).to_local()
+        if ref.shape != full.shape or not torch.allclose(
+            ref, full, atol=1e-5, rtol=1e-5, equal_nan=True
+        ):
+            return False
+    return True
+
+
+def _grad_leaves(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    copies = [t.detach().clone() for t in tensors]
+    return [c.requires_grad_(True) if c.is_floating_point() else c for c in copies]
+
+
+def _backward_through(output: Any) -> bool:
+    """Backward from the sum of the float outputs that need grad; False if there are none."""
+    outs = [t for t in _tensors_in(output, {}) if t.is_floating_point() and t.requires_grad]
+    if not outs:
+        return False
+    sum(t.sum() for t in outs).backward()
+    return True
+
+
+def validate_sharding_rule_sample_backward(
+    op: Callable, full_args: Any, full_kwargs: Any, input_placements: Sequence[Placement],
+    device_mesh: DeviceMesh,
+) -> Optional[bool]:
+    """Whether the gradients of `op` on DTensors placed as `input_placements` equal those on
+    the full tensors. None when the op has no float gradient or DTensor has no backward rule."""
+    full_tensors = _tensors_in(full_args, full_kwargs)
+    if not any(t.is_floating_point() for t in full_tensors):
+        return None
+    reference = _grad_leaves(full_tensors)
+    ref_args, ref_kwargs = _with_tensors(full_args, full_kwargs, reference)
+    try:
+        if not _backward_through(op(*ref_args, **ref_kwargs)):
+            return None
+    except RuntimeError:
+        return None
+    if len(input_placements) != len(full_tensors):
+        raise ValueError(
+            f"{len(input_placements)} placements given for {len(full_tensors)} input tensors"
+        )
+    distributed = [
+        distribute_tensor(c, device_mesh, (p,))
+        for c, p in zip(_grad_leaves(full_tensors), input_placements)
+    ]
+    d_args, d_kwargs = _with_tensors(full_args, full_kwargs, distributed)
+    try:
+        if not _backward_through(op(*d_args, **d_kwargs)):
+            return None
+    except Exception as error:
+        unsupported = ("does not have a sharding strategy registered",
+                       "got mixed torch.Tensor and DTensor")
+        if any(text in str(error) for text in unsupported):
+            return None
+        raise
+    for ref, dist_t in zip(reference, distributed):
+        if not ref.is_floating_point() or ref.grad is None:
+            continue
+        if dist_t.grad is None:
+            return False
+        grad = dist_t.grad.full_tensor() if isinstance(dist_t.grad, DTensor) else dist_t.grad
+        if ref.grad.shape != grad.shape or not torch.allclose(
+            ref.grad, grad, atol=1e-5, rtol=1.3e-6, equal_nan=True
+        ):
+            return False
+    return True
 
 
 # --- ranks simulated in one process (LocalTensor) -----------------------------------------

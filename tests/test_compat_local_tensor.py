@@ -8,7 +8,7 @@ import unittest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
 from harness import compat_local_tensor as compat
 
@@ -62,6 +62,23 @@ class TestLocalTensorHooks(unittest.TestCase):
         self.assertIs(type(out), compat.AsyncCollectiveTensor)
         self.assertTrue(issubclass(compat.AsyncCollectiveTensor, torch.Tensor))
         self.assertEqual(out.wait().shape, (4, 2))
+
+    def test_op_strategy_context_swaps_the_rule_for_the_block(self) -> None:
+        compat.init_fake_process_group(2)
+        self.addCleanup(dist.destroy_process_group)
+        mesh = init_device_mesh("cpu", (2,))
+        calls = []
+
+        def refusing_strategy(op_schema: object) -> None:
+            calls.append(op_schema)
+            raise LookupError("harness-test strategy")
+
+        sharded = distribute_tensor(torch.ones(4, 6), mesh, [Shard(0)])
+        with compat.op_strategy_context(torch.ops.aten.sum.default, refusing_strategy):
+            with self.assertRaisesRegex(RuntimeError, "harness-test strategy"):
+                torch.sum(sharded)
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(torch.sum(sharded).placements, (Partial(),))  # the real rule is back
 
     def test_record_function_switch(self) -> None:
         compat.set_record_function_enabled(False)

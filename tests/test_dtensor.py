@@ -4,6 +4,7 @@ under upstream's harness and this one."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ from typing import Any, Dict, List, Tuple
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
 from harness import compat_local_tensor, devices
 from harness.dtensor import (
@@ -38,6 +39,8 @@ from harness.dtensor import (
     redistribute,
     reduce_local_int,
     shard_order_to_placement,
+    validate_sharding_rule_sample,
+    validate_sharding_rule_sample_backward,
     with_comms,
     with_temp_dir,
 )
@@ -136,6 +139,44 @@ class ContinuousSample(DTensorContinuousTestBase):
 ContinuousSampleWithLocalTensor = create_local_tensor_test_class(
     ContinuousSample, base_class=LocalDTensorContinuousTestBase
 )
+
+
+class TestShardingRuleChecks(DTensorOpTestBase):
+    """validate_sharding_rule_sample(_backward) give upstream's verdicts on the same samples."""
+
+    def test_forward_verdicts_match_upstream(self) -> None:
+        from torch.testing._internal.distributed._tensor import common_dtensor as upstream
+
+        mesh = self.build_device_mesh()
+        x = torch.arange(16.0).reshape(8, 2)
+        column_sum = functools.partial(torch.sum, dim=0)
+        cases = [
+            (torch.add, (x, x), [Shard(0), Shard(0)], [Shard(0)], True),
+            (torch.add, (x, x), [Shard(0), Shard(0)], [Shard(1)], False),
+            (column_sum, (x,), [Shard(0)], [Partial()], True),
+            (column_sum, (x,), [Shard(0)], [Replicate()], False),
+        ]
+        for op, args, placements_in, placements_out, expected in cases:
+            mine = validate_sharding_rule_sample(op, args, {}, placements_in, placements_out, mesh)
+            theirs = upstream.validate_sharding_rule_sample(
+                op, args, {}, placements_in, placements_out, mesh
+            )
+            self.assertEqual((mine, theirs), (expected, expected))
+
+    def test_backward_verdicts_match_upstream(self) -> None:
+        from torch.testing._internal.distributed._tensor import common_dtensor as upstream
+
+        mesh = self.build_device_mesh()
+        x = torch.arange(16.0).reshape(8, 2)
+        cases = [
+            (torch.mul, (x, x), [Shard(0), Shard(0)], True),
+            (torch.mul, (x, x), [Shard(0), Replicate()], True),
+            (torch.add, (x.long(), x.long()), [Shard(0), Shard(0)], None),
+        ]
+        for op, args, placements, expected in cases:
+            mine = validate_sharding_rule_sample_backward(op, args, {}, placements, mesh)
+            theirs = upstream.validate_sharding_rule_sample_backward(op, args, {}, placements, mesh)
+            self.assertEqual((mine, theirs), (expected, expected))
 
 
 class _OneRank(DTensorTestBase):
