@@ -516,6 +516,28 @@ def _run_variant(directory: Path, sources: Dict[str, str]) -> Tuple[Dict[str, An
     return json.loads(out.read_text()), proc.stderr
 
 
+class TestRewriteForUpstream(unittest.TestCase):
+    def test_harness_imports_go_to_upstream_modules(self) -> None:
+        source = (
+            "import torch\n"
+            "from harness import (\n    DTensorTestBase,\n    run_tests,\n    with_comms,\n)\n"
+            "from harness.compat_local_tensor import AsyncCollectiveTensor\n"
+        )
+        self.assertEqual(rewrite_for_upstream(source), (
+            "import torch\n"
+            "from torch.testing._internal.common_utils import run_tests\n"
+            "from torch.testing._internal.distributed._tensor.common_dtensor import "
+            "DTensorTestBase, with_comms\n"
+            "from torch.distributed._functional_collectives import AsyncCollectiveTensor\n"
+        ))
+
+    def test_unknown_names_and_leftover_imports_are_errors(self) -> None:
+        with self.assertRaisesRegex(KeyError, "no upstream home known for 'Nope'"):
+            rewrite_for_upstream("from harness import Nope\n")
+        with self.assertRaisesRegex(ValueError, "an import of harness is left"):
+            rewrite_for_upstream("import harness\n")
+
+
 class TestUpstreamStyleDifferential(unittest.TestCase):
     """tests/upstream_style/dtensor_*.py under upstream's harness and under this one.
 

@@ -26,6 +26,7 @@ UPSTREAM_MODULE = {
     "common_dtensor": "torch.testing._internal.distributed._tensor.common_dtensor",
     "common_utils": "torch.testing._internal.common_utils",
     "common_distributed": "torch.testing._internal.common_distributed",
+    "common_device_type": "torch.testing._internal.common_device_type",
     "funcol": "torch.distributed._functional_collectives",
 }
 
@@ -49,6 +50,7 @@ UPSTREAM_HOME = {
         "common_distributed",
     ),
     "AsyncCollectiveTensor": "funcol",
+    "instantiate_device_type_tests": "common_device_type",
 }
 
 _IMPORT = re.compile(r"^from (harness(?:\.compat_local_tensor)?) import (\([^)]*\)|[^\n]*)$", re.M)

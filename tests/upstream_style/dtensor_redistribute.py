@@ -5,11 +5,13 @@ Written against `harness`; tests/test_dtensor.py also runs this file with its
 """
 
 import torch
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 from harness import (
     DTensorTestBase,
     create_local_tensor_test_class,
+    instantiate_device_type_tests,
     instantiate_parametrized_tests,
     map_local_tensor_for_rank,
     parametrize,
@@ -51,13 +53,6 @@ class RedistributeTest(DTensorTestBase):
         self.assertEqual(replicated.to_local(), torch.full((3, 3), float(self.world_size)))
 
     @with_comms
-    def test_partial_to_shard(self):
-        device_mesh = self.build_device_mesh()
-        partial = DTensor.from_local(torch.ones(self.world_size, 2), device_mesh, [Partial()])
-        sharded = partial.redistribute(device_mesh, [Shard(0)])
-        self.assertEqual(sharded.to_local(), torch.full((1, 2), float(self.world_size)))
-
-    @with_comms
     def test_shard_to_shard_other_dim(self):
         device_mesh = self.build_device_mesh()
         full = torch.randn(self.world_size * 2, self.world_size * 2)
@@ -91,6 +86,22 @@ class RedistributeTest(DTensorTestBase):
 
 instantiate_parametrized_tests(RedistributeTest)
 RedistributeTestWithLocalTensor = create_local_tensor_test_class(RedistributeTest)
+
+
+class RedistributeDeviceTest(DTensorTestBase):
+    @property
+    def world_size(self):
+        return 2
+
+    @with_comms
+    def test_replicate_on_device(self, device):
+        device_mesh = init_device_mesh(device, (self.world_size,))
+        full = torch.ones(4, 2, device=device)
+        sharded = distribute_tensor(full, device_mesh, [Shard(0)])
+        self.assertEqual(sharded.redistribute(device_mesh, [Replicate()]).to_local(), full)
+
+
+instantiate_device_type_tests(RedistributeDeviceTest, globals(), only_for="cpu")
 
 
 if __name__ == "__main__":
