@@ -39,14 +39,27 @@ ACCELERATOR_BACKENDS = ("nccl", "xccl", "hccl")
 T = TypeVar("T")
 
 
+def _ranks_for(accelerators: int) -> int:
+    return min(DEFAULT_WORLD_SIZE, accelerators) if accelerators > 1 else DEFAULT_WORLD_SIZE
+
+
 def num_devices() -> int:
     """Ranks a DTensor test uses: 4, or fewer when 2-3 accelerators are present (as upstream)."""
-    count = devices.accelerator_count()
-    return min(DEFAULT_WORLD_SIZE, count) if count > 1 else DEFAULT_WORLD_SIZE
+    return _ranks_for(devices.accelerator_count())
 
 
-NUM_DEVICES = num_devices()  # upstream's module constants; the bases ask again at call time
-DEVICE_TYPE = devices.device_type()
+def _accelerators_at_import() -> int:
+    """The accelerator count for the module constants; a bad HARNESS_DEVICE must not break
+    `import harness` (the bases report it, one line, when a test runs)."""
+    try:
+        return devices.accelerator_count()
+    except devices.HarnessConfigError:
+        return 0
+
+
+# Upstream's module constants, fixed at import; the bases ask again at call time.
+NUM_DEVICES = _ranks_for(_accelerators_at_import())
+DEVICE_TYPE = "cuda" if _accelerators_at_import() > 0 else "cpu"
 PG_BACKEND = devices.backend_for(DEVICE_TYPE)
 
 

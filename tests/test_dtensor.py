@@ -208,6 +208,13 @@ class TestInitPg(unittest.TestCase):
         self.assertEqual(case.backend, dist.get_default_backend_for_device(case.device_type))
         self.assertFalse(case.is_local_tensor_enabled)
 
+    def test_a_bad_device_knob_does_not_break_import(self) -> None:
+        env = dict(os.environ, HARNESS_DEVICE="bogus")
+        code = "import harness; print(harness.NUM_DEVICES, harness.DEVICE_TYPE, harness.PG_BACKEND)"
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+        self.assertEqual((proc.returncode, proc.stdout), (0, "4 cpu gloo\n"), proc.stderr)
+
     def test_init_pg_uses_default_backend_then_destroy_pg_removes_group(self) -> None:
         case = self._case()
         case.init_pg(False)
