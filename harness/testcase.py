@@ -28,6 +28,7 @@ import expecttest
 import torch
 from torch import nn
 
+from harness.compat_comparison import unrelated_tensors_mismatch
 from harness.parametrize import run_subtests
 from harness.skips import check_case_requirements
 
@@ -107,12 +108,15 @@ def _tensor_mismatch(
         if how.exact_is_coalesced and actual.is_coalesced() != expected.is_coalesced():
             return f"is_coalesced {actual.is_coalesced()} != {expected.is_coalesced()}"
         actual, expected = actual.coalesce(), expected.coalesce()  # compare values, not storage
+    options = dict(
+        atol=atol, rtol=rtol, equal_nan=how.equal_nan, check_dtype=how.exact_dtype,
+        check_device=how.exact_device, check_layout=how.exact_layout,
+        check_stride=how.exact_stride,
+    )
+    if not (isinstance(actual, type(expected)) or isinstance(expected, type(actual))):
+        return unrelated_tensors_mismatch(actual, expected, **options)
     try:
-        torch.testing.assert_close(
-            actual, expected, atol=atol, rtol=rtol, equal_nan=how.equal_nan,
-            check_dtype=how.exact_dtype, check_device=how.exact_device,
-            check_layout=how.exact_layout, check_stride=how.exact_stride,
-        )
+        torch.testing.assert_close(actual, expected, **options)
     except AssertionError as error:
         return str(error)
     return None

@@ -227,6 +227,19 @@ class UpstreamAssertEqualFormsTest(TestCase):
         with self.assertRaisesRegex(AssertionError, "cannot compare a tensor with list"):
             self.assertEqual(torch.ones(2), [[1.0], [1.0, 2.0]])
 
+    def test_tensors_of_unrelated_subclasses_compare_by_value(self):
+        # upstream files compare e.g. an AsyncCollectiveTensor with a LocalTensor this way;
+        # torch.testing.assert_close refuses the pair instead of comparing it
+        class _Other(torch.Tensor):
+            pass
+
+        mine = torch.ones(3).as_subclass(_Subclass)
+        other = torch.ones(3).as_subclass(_Other)
+        self.assertEqual(mine, other)
+        with self.assertRaisesRegex(AssertionError, "not close"):
+            self.assertEqual(mine, other * 2)
+        self.assertNotEqual(mine, other + 1)
+
     def test_assert_not_equal_takes_the_same_keywords(self):
         self.assertNotEqual(1.0, 1.5, atol=0.1, rtol=0)
         self.assertNotEqual(torch.ones(2), torch.ones(2, dtype=torch.float64))

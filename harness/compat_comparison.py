@@ -1,0 +1,57 @@
+"""Comparing two tensors whose classes are unrelated subclasses of torch.Tensor.
+
+`torch.testing.assert_close` refuses such a pair (say an AsyncCollectiveTensor against a
+LocalTensor); upstream's `assertEqual` compares them by value. Doing the same needs
+torch's comparison machinery with a relaxed input check, which is private, so it is here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch.testing._comparison import (
+    BooleanPair,
+    NonePair,
+    NumberPair,
+    TensorLikePair,
+    not_close_error_metas,
+)
+
+
+class _AnyTensorPair(TensorLikePair):
+    """TensorLikePair that accepts any two tensors, whatever their subclasses."""
+
+    def _process_inputs(
+        self, actual: Any, expected: Any, *, id: tuple, allow_subclasses: bool
+    ) -> tuple:
+        if not (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)):
+            self._inputs_not_supported()
+        actual, expected = _plain_unless_dispatching(actual), _plain_unless_dispatching(expected)
+        for tensor in (actual, expected):
+            self._check_supported(tensor, id=id)
+        return actual, expected
+
+
+def _plain_unless_dispatching(tensor: torch.Tensor) -> torch.Tensor:
+    """A subclass that only inherits torch.Tensor's dispatch is compared as a plain tensor.
+
+    Ops mixing two such unrelated classes have no handler; a class with its own
+    __torch_function__ / __torch_dispatch__ (LocalTensor, AsyncCollectiveTensor) keeps it.
+    """
+    hooks = ("__torch_function__", "__torch_dispatch__")
+    own = [k for k in type(tensor).__mro__ if issubclass(k, torch.Tensor) and k is not torch.Tensor]
+    if any(hook in vars(k) for k in own for hook in hooks):
+        return tensor
+    return tensor.as_subclass(torch.Tensor)
+
+
+def unrelated_tensors_mismatch(
+    actual: torch.Tensor, expected: torch.Tensor, **options: Any
+) -> Optional[str]:
+    """Why two tensors of unrelated subclasses differ (assert_close's options), or None."""
+    metas = not_close_error_metas(
+        actual, expected, pair_types=(NonePair, BooleanPair, NumberPair, _AnyTensorPair),
+        **options,
+    )
+    return str(metas[0].to_error()) if metas else None
