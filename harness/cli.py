@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any, Callable, Optional, Sequence, TextIO
 
-from harness import devices, lifecycle
+from harness import compat_cpu_defaults, devices, lifecycle
 from harness.engine import Engine, Options, closing_line
 from harness.loader import Plan, UsageError, load_module, repeat, resolve_modules, select, shard
 from harness.progress import progress_interval
@@ -76,6 +76,10 @@ def run_all_parser() -> argparse.ArgumentParser:
         "--device", choices=devices.DEVICE_CHOICES, help="sets HARNESS_DEVICE"
     )
     parser.add_argument(
+        "--allow-cpu", action="store_true",
+        help="run accelerator-written tests on CPU where none exists; sets HARNESS_ALLOW_CPU=1",
+    )
+    parser.add_argument(
         "--timeout", type=_positive(float, "--timeout"), metavar="S",
         help="per-test timeout in seconds; sets HARNESS_TIMEOUT",
     )
@@ -91,16 +95,20 @@ def run_all_parser() -> argparse.ArgumentParser:
 
 
 def _apply_env(args: argparse.Namespace) -> None:
-    """Export --world-size/--device/--timeout as env knobs (before any suite is imported)
-    and check every knob now, so a bad one is a usage error rather than 40 failing tests."""
+    """Export --world-size/--device/--timeout/--allow-cpu as env knobs (before any suite is
+    imported) and check every knob now, so a bad one is a usage error rather than 40 failing
+    tests."""
     if args.world_size is not None:
         os.environ[devices.WORLD_SIZE_ENV] = str(args.world_size)
     if args.device is not None:
         os.environ[devices.DEVICE_ENV] = args.device
     if args.timeout is not None:
         os.environ[devices.TIMEOUT_ENV] = repr(args.timeout)
+    if args.allow_cpu:
+        os.environ[devices.ALLOW_CPU_ENV] = "1"
     try:
         devices.accelerator_count()
+        devices.allow_cpu()
         devices.default_world_size()
         devices.default_timeout()
         devices.start_method()
@@ -158,7 +166,8 @@ def _run_all(argv: Optional[Sequence[str]]) -> int:
         return 0
     verbosity = 0 if args.quiet else 2 if args.verbose else 1
     options = Options(xml_dir=args.save_xml, failfast=args.failfast, verbosity=verbosity)
-    return Engine(repeat(plan, args.repeat), options).run()
+    with compat_cpu_defaults.adaptation_log():
+        return Engine(repeat(plan, args.repeat), options).run()
 
 
 def run_tests_parser() -> argparse.ArgumentParser:
@@ -168,4 +177,5 @@ def run_tests_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=_integer("--seed"))
     parser.add_argument("--repeat", type=_positive(int, "--repeat"), default=1)
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--allow-cpu", action="store_true")
     return parser

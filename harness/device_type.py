@@ -39,6 +39,7 @@ DeviceTypes = Union[str, Sequence[str], None]
 # Checks run against the device class when its tests are generated: each returns a skip reason.
 DEVICE_CHECKS_ATTR = "__harness_device_checks__"
 NATIVE_DEVICE_TYPES = ("cpu", "cuda", "xpu", "meta", "mps", "mtia")
+NON_ACCELERATOR_TYPES = ("cpu", "meta")
 ONLY_FOR_ENV = "PYTORCH_TESTING_DEVICE_ONLY_FOR"
 EXCEPT_FOR_ENV = "PYTORCH_TESTING_DEVICE_EXCEPT_FOR"
 
@@ -209,6 +210,21 @@ def _selected(device_type: str, only_for: Tuple[str, ...], except_for: Tuple[str
     return device_type not in except_for and (not only_for or device_type in only_for)
 
 
+def _with_cpu_for_accelerators(only: Tuple[str, ...]) -> Tuple[str, ...]:
+    """`only` plus "cpu" when it names an accelerator type (the CPU stands in for it)."""
+    if any(t not in NON_ACCELERATOR_TYPES for t in only) and "cpu" not in only:
+        return (*only, "cpu")
+    return only
+
+
+def _runs_as_accelerator(device_type: str) -> bool:
+    """Whether a test restricted to accelerators runs in `device_type`'s class: an accelerator
+    type does, and "cpu" does while the CPU stands in for accelerators (HARNESS_ALLOW_CPU=1)."""
+    if device_type == "cpu":
+        return harness_devices.cpu_stands_in()
+    return device_type not in NON_ACCELERATOR_TYPES
+
+
 def device_types_to_instantiate(
     except_for: DeviceTypes = None,
     only_for: DeviceTypes = None,
@@ -221,7 +237,9 @@ def device_types_to_instantiate(
     Available: "cpu", plus "cuda" when GPUs are used (not forced off by HARNESS_DEVICE=cpu).
     `only_for` / `except_for` (and upstream's PYTORCH_TESTING_DEVICE_ONLY_FOR / _EXCEPT_FOR
     env lists) filter them. The harness runs no lazy, MPS or XPU backend, so those flags
-    add no class.
+    add no class. With HARNESS_ALLOW_CPU=1 on a machine without accelerators, an `only_for`
+    naming an accelerator type ("cuda", ("cuda", "hpu"), "xpu") also selects "cpu", unless
+    "cpu" is excluded.
     """
     only = _device_type_names(only_for, "only_for")
     excluded = _device_type_names(except_for, "except_for")
@@ -230,6 +248,8 @@ def device_types_to_instantiate(
         raise ValueError(f"device types {both} appear in both only_for and except_for")
     available = ["cpu", *(["cuda"] if harness_devices.accelerator_count() > 0 else [])]
     env_only, env_excluded = _env_device_types(ONLY_FOR_ENV), _env_device_types(EXCEPT_FOR_ENV)
+    if harness_devices.cpu_stands_in():
+        only, env_only = _with_cpu_for_accelerators(only), _with_cpu_for_accelerators(env_only)
     return [
         t for t in available
         if _selected(t, only, excluded) and _selected(t, env_only, env_excluded)
@@ -368,14 +388,19 @@ def onlyCPU(fn: Callable) -> Callable:  # noqa: N802 - upstream's name
 
 
 def onlyCUDA(fn: Callable) -> Callable:  # noqa: N802 - upstream's name
-    """Run the test only in the CUDA class (skipped on CPU: it needs a GPU)."""
-    return onlyOn("cuda")(fn)
+    """Run the test only in the CUDA class (skipped on CPU: it needs a GPU), and in the CPU
+    class while the CPU stands in for accelerators (HARNESS_ALLOW_CPU=1, none present)."""
+    return _skip_unless_device(
+        fn, lambda t: t == "cuda" or (t == "cpu" and _runs_as_accelerator(t)),
+        lambda _t: "Only runs on cuda",
+    )
 
 
 def onlyAccelerator(fn: Callable) -> Callable:  # noqa: N802 - upstream's name
-    """Run the test only on an accelerator (skipped in the CPU class)."""
+    """Run the test only on an accelerator (skipped in the CPU class unless the CPU stands in
+    for accelerators: HARNESS_ALLOW_CPU=1 with none present)."""
     return _skip_unless_device(
-        fn, lambda t: t not in ("cpu", "meta"),
+        fn, _runs_as_accelerator,
         lambda _t: "onlyAccelerator: doesn't run on CPU or meta devices",
     )
 

@@ -16,6 +16,7 @@ DEVICE_ENV = "HARNESS_DEVICE"
 WORLD_SIZE_ENV = "HARNESS_WORLD_SIZE"
 TIMEOUT_ENV = "HARNESS_TIMEOUT"
 START_METHOD_ENV = "HARNESS_START_METHOD"
+ALLOW_CPU_ENV = "HARNESS_ALLOW_CPU"
 
 DEVICE_CHOICES = ("cpu", "cuda")
 START_METHODS = ("forkserver", "spawn")
@@ -64,6 +65,20 @@ def accelerator_count() -> int:
     if forced == "cuda" and count == 0:
         raise HarnessConfigError(f"{DEVICE_ENV}='cuda' but no CUDA device is available")
     return count
+
+
+def allow_cpu() -> bool:
+    """Whether HARNESS_ALLOW_CPU=1 asks to run accelerator-written tests on CPU (off by default)."""
+    value = os.environ.get(ALLOW_CPU_ENV, "")
+    if value not in ("", "0", "1"):
+        raise HarnessConfigError(f"{ALLOW_CPU_ENV}={value!r} must be 1 (on) or 0 (off)")
+    return value == "1"
+
+
+def cpu_stands_in() -> bool:
+    """Whether the CPU stands in for the accelerators tests ask for: the switch is on and
+    this machine has none (with accelerators present the switch changes nothing)."""
+    return allow_cpu() and accelerator_count() == 0
 
 
 def device_type() -> str:

@@ -30,7 +30,7 @@ from harness.compat_local_tensor import tree_flatten, tree_unflatten
 from harness.continuous import MultiProcContinuousTest
 from harness.multiprocess import MultiProcessTestCase
 from harness.multithread import MAIN_THREAD_RANK, MultiThreadedTestCase
-from harness.skips import TEST_SKIPS, skip_if_lt_x_gpu
+from harness.skips import TEST_SKIPS, accelerators_suffice, skip_if_lt_x_gpu
 from harness.testcase import TestCase
 
 DEFAULT_WORLD_SIZE = 4
@@ -149,12 +149,14 @@ class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
             raise RuntimeError(f"Backend {backend} not supported!")
         if any(name in backend for name in ACCELERATOR_BACKENDS):
             found = devices.accelerator_count()
-            if found < self.world_size:
+            if not accelerators_suffice(self.world_size):
                 known = TEST_SKIPS.get(f"multi-gpu-{self.world_size}")
                 need = known.message if known else f"Need at least {self.world_size} devices"
                 raise unittest.SkipTest(
                     f"{need}: backend {backend} needs one per rank, found {found}"
                 )
+            if found == 0:  # HARNESS_ALLOW_CPU=1: the CPU stands in, its backend is gloo
+                backend = "gloo"
         if backend == compat_local_tensor.FAKE_BACKEND:
             compat_local_tensor.register_fake_backend()
         device_id = None

@@ -14,7 +14,7 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, TextIO
 
-from harness import devices, forkserver, lifecycle
+from harness import compat_cpu_defaults, devices, forkserver, lifecycle
 from harness.junit import junit_result_class, stand_in_for, xml_runner
 from harness.loader import Plan
 from harness.progress import Progress, progress_interval
@@ -173,6 +173,9 @@ class Engine:
             print(f"run stopped: {self.aborted}", file=out)
         if self.options.verbosity > 0:
             print(summary_table(self.stats), file=out)
+            adapted = compat_cpu_defaults.summary_line()
+            if adapted is not None:
+                print(adapted, file=out)
         if self.junit is not None:
             os.makedirs(self.options.xml_dir, exist_ok=True)
             self.junit.generate_reports(xml_runner(self.options.xml_dir))

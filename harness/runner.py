@@ -1,6 +1,7 @@
 """`run_tests()`: the entry point of one test file (`if __name__ == "__main__": run_tests()`).
 
-unittest's own command line, plus the harness's flags (--save-xml, --seed, --repeat, --list).
+unittest's own command line, plus the harness's flags (--save-xml, --seed, --repeat, --list,
+--allow-cpu).
 The pieces it shares with run_all.py live in their own modules: records.py (one record per
 test), junit.py (XML), progress.py, loader.py (choosing tests), engine.py (running a plan
 under torchrun) and cli.py (run_all.py's command line).
@@ -15,7 +16,7 @@ import unittest
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from harness import devices, lifecycle
+from harness import compat_cpu_defaults, devices, lifecycle
 from harness.cli import print_list, run_tests_parser
 from harness.engine import Engine, Options, closing_line
 from harness.junit import junit_result_class, xml_runner
@@ -28,6 +29,8 @@ Harness options (besides unittest's):
   --seed N          seed torch, random and numpy with N before every test
   --repeat N        run every selected test N times
   --list            print the selected test ids and exit
+  --allow-cpu       run tests written for accelerators on CPU where none exists
+                    (sets HARNESS_ALLOW_CPU=1)
 """
 
 
@@ -92,6 +95,9 @@ class _Program(unittest.TestProgram):
         tests = _UntilInterrupted(self.test)
         self.test = tests
         super().runTests()
+        adapted = compat_cpu_defaults.summary_line()
+        if adapted is not None:
+            self.testRunner.stream.writeln(adapted)
         self.code = int(not self.result.wasSuccessful())
         if tests.signum is not None:
             self.interrupted_by = tests.signum
@@ -107,12 +113,22 @@ def _tallied(result_class: type) -> type:
     return type(result_class.__name__, (Tally, result_class), {})
 
 
+def _restart_with_switch() -> None:
+    """Run this command again with HARNESS_ALLOW_CPU=1 set: the test file was imported before
+    run_tests saw --allow-cpu, and device-type classes are made at import."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
 def run_tests(argv: Optional[Sequence[str]] = None) -> None:
     """`if __name__ == "__main__": run_tests()`: unittest's command line (-v, -k, test names,
-    -f, ...) plus --save-xml [DIR], --seed N, --repeat N and --list. Exits with unittest's code,
+    -f, ...) plus --save-xml [DIR], --seed N, --repeat N, --list and --allow-cpu (sets
+    HARNESS_ALLOW_CPU=1; from the command line the file is run again with it, so that its
+    device-type classes are made with it). Exits with unittest's code,
     or 130/143/129 when stopped by Ctrl-C/SIGTERM/SIGHUP (after reporting what finished).
     Nothing it started outlives it; the signal handlers it replaced are restored."""
-    argv = list(sys.argv if argv is None else argv)
+    argv_given, argv = argv, list(sys.argv if argv is None else argv)
     try:
         harness_args, rest = run_tests_parser().parse_known_args(argv[1:])
     except UsageError as error:
@@ -122,7 +138,11 @@ def run_tests(argv: Optional[Sequence[str]] = None) -> None:
         from harness.testcase import SEED_ENV
 
         os.environ[SEED_ENV] = str(harness_args.seed)
-    with lifecycle.run_scope():
+    if harness_args.allow_cpu and os.environ.get(devices.ALLOW_CPU_ENV) != "1":
+        os.environ[devices.ALLOW_CPU_ENV] = "1"
+        if argv_given is None:
+            _restart_with_switch()
+    with lifecycle.run_scope(), compat_cpu_defaults.adaptation_log():
         try:
             code = _Program(harness_args, module="__main__", argv=[argv[0], *rest]).code
         except KeyboardInterrupt as stop:  # before the first test started

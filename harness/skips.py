@@ -6,7 +6,8 @@ upstream expect. Accelerator requirements (`skip_if_lt_x_gpu`, `skip_if_no_gpu`,
 `requires_nccl`, `requires_accelerator_dist_backend`, `at_least_x_gpu`) are recorded on
 the test function or class; the bases call `check_case_requirements` in `setUp`, so a
 skipped test costs no process or thread. Whether such a requirement is met here is
-decided by `accelerators_suffice` alone: that is the one place to change what counts.
+decided by `accelerators_suffice` alone: that is the one place to change what counts
+(HARNESS_ALLOW_CPU=1 makes every requirement met on a machine without accelerators).
 """
 
 from __future__ import annotations
@@ -84,11 +85,11 @@ def accelerators_suffice(count: int, backends: Sequence[str] = (), allow_cpu: bo
 
     Met when at least `count` accelerators exist and (if `backends` are named) one of those
     accelerator communication backends is compiled in, or when no accelerator exists and
-    the test may run on CPU (`allow_cpu`). A switch that runs accelerator tests on CPU
-    with gloo (issue 12's HARNESS_ALLOW_CPU) is a change to the `allow_cpu` test here.
+    the test may run on CPU: its own `allow_cpu`, or HARNESS_ALLOW_CPU=1 for every
+    requirement (the test then runs on CPU with gloo and its usual number of ranks).
     """
     found = devices.accelerator_count()
-    if found == 0 and allow_cpu:
+    if found == 0 and (allow_cpu or devices.allow_cpu()):
         return True
     return found >= count and (not backends or any(_backend_compiled(b) for b in backends))
 
