@@ -20,6 +20,7 @@ import atexit
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
+import multiprocessing.util
 import os
 import shutil
 import signal
@@ -34,6 +35,7 @@ MAIN_PATH_ENV = "HARNESS_FORKSERVER_MAIN"
 RUNNER_ENV = "HARNESS_FORKSERVER_RUNNER"
 HELPER_EXIT_WAIT_S = 5.0  # how long a stopped helper may take to exit before it is killed
 ORPHAN_CHECK_S = 1.0  # how long the forkserver waits to learn whether its runner died
+GROUP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 # What every rank would otherwise import itself, once per test: torch.distributed.tensor because
 # torch.testing.assert_close (so every tensor assertEqual) imports it on first use, which costs a
@@ -171,6 +173,28 @@ def clean_up_when_orphaned() -> None:
     runner = os.environ.get(RUNNER_ENV, "")
     if runner.isdigit():  # the runner may have died already, while we were preloading
         atexit.register(_forkserver_exit, os.getpid(), int(runner))
+        for signum in GROUP_SIGNALS:
+            signal.signal(signum, _outlive_group_signal)
+        multiprocessing.util.register_after_fork(_RANK_HOOK, _default_group_signals)
+
+
+class _AfterFork:
+    """The (weakly referenced) owner of the after-fork hook below."""
+
+
+_RANK_HOOK = _AfterFork()
+
+
+def _outlive_group_signal(signum: int, frame: Any) -> None:
+    """SIGTERM/SIGHUP sent to the whole process group (`timeout`, a CI runner, a closed
+    terminal) reach the forkserver too. It stays, to reap its ranks (which die of the signal),
+    until the runner, which got the same signal, stops it; or until it learns the runner died."""
+
+
+def _default_group_signals(hook: _AfterFork) -> None:
+    """In each rank forked from the forkserver: SIGTERM and SIGHUP kill it again."""
+    for signum in GROUP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def _forkserver_exit(pid: int, runner: int) -> None:
