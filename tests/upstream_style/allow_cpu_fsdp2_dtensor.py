@@ -10,6 +10,7 @@ made and the plain tests skip; with HARNESS_ALLOW_CPU=1 all run on CPU with gloo
 tests/test_allow_cpu.py runs it both ways.
 """
 
+import copy
 import unittest
 
 import torch
@@ -46,10 +47,11 @@ class TestFullyShardOnAccelerators(FSDPTestMultiThread):
     @skip_if_lt_x_gpu(2)
     def test_fully_shard_matches_local_training(self, device):
         """fully_shard on each Linear trains as the unsharded model does on the same batch."""
-        torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).to(device_type)
-        reference = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).to(device_type)
-        reference.load_state_dict(model.state_dict())
+        with torch.no_grad():  # the same values in every rank (thread ranks share one RNG)
+            for i, param in enumerate(model.parameters()):
+                param.copy_(torch.linspace(-1, 1, param.numel()).reshape(param.shape) / (i + 1))
+        reference = copy.deepcopy(model)
         for layer in (model[0], model[2]):
             fully_shard(layer)
         fully_shard(model)
