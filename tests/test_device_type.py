@@ -22,6 +22,7 @@ from harness import (
     deviceCountAtLeast,
     dtypes,
     instantiate_device_type_tests,
+    onlyAccelerator,
     onlyCUDA,
     parametrize,
     skipCPUIf,
@@ -136,15 +137,74 @@ class InstantiateTest(unittest.TestCase):
             dtypes("float32")
 
     def test_one_function_decides_the_device_types(self) -> None:
-        with mock.patch("harness.device_type.harness_devices.accelerator_count", return_value=2):
+        with (
+            mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": ""}),
+            mock.patch("harness.device_type.harness_devices.accelerator_count", return_value=2),
+        ):
             self.assertEqual(device_types_to_instantiate(), ["cpu", "cuda"])
             self.assertEqual(device_types_to_instantiate(only_for=("cuda", "hpu")), ["cuda"])
             self.assertEqual(device_types_to_instantiate(except_for=["cuda"]), ["cpu"])
             with mock.patch.dict(os.environ, {"PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "cpu"}):
                 self.assertEqual(device_types_to_instantiate(), ["cuda"])
-        with mock.patch("harness.device_type.harness_devices.accelerator_count", return_value=0):
+        with (
+            mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": ""}),
+            mock.patch("harness.device_type.harness_devices.accelerator_count", return_value=0),
+        ):
             self.assertEqual(device_types_to_instantiate(), ["cpu"])
             self.assertEqual(device_types_to_instantiate(only_for=("cuda", "hpu")), [])
+
+    def test_allow_cpu_switch_makes_the_cpu_class_for_accelerators(self) -> None:
+        """HARNESS_ALLOW_CPU=1 without accelerators: only_for naming accelerators adds "cpu"."""
+        count = "harness.device_type.harness_devices.accelerator_count"
+        with mock.patch(count, return_value=0):
+            with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "1"}):
+                for only_for in (("cuda", "hpu"), "cuda", "xpu", ["hpu"], "cpu"):
+                    self.assertEqual(device_types_to_instantiate(only_for=only_for), ["cpu"])
+                self.assertEqual(device_types_to_instantiate(), ["cpu"])
+                self.assertEqual(device_types_to_instantiate(only_for="meta"), [])
+                self.assertEqual(
+                    device_types_to_instantiate(only_for="cuda", except_for="cpu"), []
+                )
+                with mock.patch.dict(os.environ, {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "cuda"}):
+                    self.assertEqual(device_types_to_instantiate(), ["cpu"])
+            with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "0"}):
+                self.assertEqual(device_types_to_instantiate(only_for=("cuda", "hpu")), [])
+        with (
+            mock.patch(count, return_value=2),
+            mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "1"}),
+        ):
+            self.assertEqual(device_types_to_instantiate(only_for=("cuda", "hpu")), ["cuda"])
+
+    def test_allow_cpu_switch_lets_accelerator_only_tests_run_on_cpu(self) -> None:
+        def declare() -> Dict[str, type]:
+            class TestThing(TestCase):
+                @onlyCUDA
+                def test_cuda(self, device):
+                    self.assertEqual(device, "cpu")
+
+                @onlyAccelerator
+                def test_accelerator(self, device):
+                    self.assertEqual(device, "cpu")
+
+            scope = {"TestThing": TestThing}
+            instantiate_device_type_tests(TestThing, scope, only_for=("cuda", "cpu"))
+            return scope
+
+        count = "harness.device_type.harness_devices.accelerator_count"
+        names = ["test_accelerator_cpu", "test_cuda_cpu"]
+        with mock.patch(count, return_value=0):
+            with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "1"}):
+                made = declare()["TestThingCPU"]
+                for name in names:
+                    result = _run(made(name))
+                    self.assertEqual((result.skipped, result.errors, result.failures), ([], [], []))
+            with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": ""}):
+                made = declare()["TestThingCPU"]
+                reasons = [r for name in names for _, r in _run(made(name)).skipped]
+                self.assertEqual(
+                    reasons,
+                    ["onlyAccelerator: doesn't run on CPU or meta devices", "Only runs on cuda"],
+                )
 
     def test_cuda_class_takes_the_current_cuda_device(self) -> None:
         class TestThing(TestCase):

@@ -30,6 +30,7 @@ class DevicesTest(unittest.TestCase):
             HARNESS_WORLD_SIZE=None,
             HARNESS_TIMEOUT=None,
             HARNESS_START_METHOD=None,
+            HARNESS_ALLOW_CPU=None,
             RANK=None,
             WORLD_SIZE=None,
             MASTER_ADDR=None,
@@ -43,6 +44,29 @@ class DevicesTest(unittest.TestCase):
             self.assertEqual(devices.backend_for(devices.device_type()), "gloo")
             self.assertEqual(devices.rank_device(1), torch.device("cpu"))
             self.assertEqual(devices.default_world_size(), 2)
+
+    def test_allow_cpu_switch(self):
+        """HARNESS_ALLOW_CPU: off unless 1; the CPU stands in only where no accelerator exists;
+        the devices still describe the machine."""
+        with mock.patch.object(torch.cuda, "is_available", return_value=False):
+            self.assertFalse(devices.allow_cpu())
+            self.assertFalse(devices.cpu_stands_in())
+            for off in ("", "0"):
+                os.environ["HARNESS_ALLOW_CPU"] = off
+                self.assertFalse(devices.cpu_stands_in())
+            os.environ["HARNESS_ALLOW_CPU"] = "1"
+            self.assertTrue(devices.cpu_stands_in())
+            self.assertEqual(devices.device_type(), "cpu")
+            self.assertEqual(devices.rank_device(1), torch.device("cpu"))
+        with (
+            mock.patch.object(torch.cuda, "is_available", return_value=True),
+            mock.patch.object(torch.cuda, "device_count", return_value=2),
+        ):
+            self.assertTrue(devices.allow_cpu())
+            self.assertFalse(devices.cpu_stands_in())
+        os.environ["HARNESS_ALLOW_CPU"] = "true"
+        with self.assertRaisesRegex(HarnessConfigError, "HARNESS_ALLOW_CPU='true' must be 1"):
+            devices.allow_cpu()
 
     def test_one_process_per_gpu_with_nccl(self):
         with (

@@ -19,6 +19,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import torch
+
 from tests.fixtures import REPO, child_env
 
 PASS = "tests.fixtures.runner_pass"
@@ -292,12 +294,41 @@ class TestBadInput(unittest.TestCase):
                 self.assertEqual(proc.stdout, "")
 
     def test_bad_env_knobs_are_bad_input_too(self) -> None:
-        for name, value in (("HARNESS_WORLD_SIZE", "lots"), ("HARNESS_PROGRESS_INTERVAL", "x")):
+        for name, value in (("HARNESS_WORLD_SIZE", "lots"), ("HARNESS_PROGRESS_INTERVAL", "x"),
+                            ("HARNESS_ALLOW_CPU", "yes")):
             with self.subTest(name):
                 proc = run_all(PASS, env={name: value})
                 self.assertEqual(proc.returncode, 2)
                 self.assertEqual(len(proc.stderr.splitlines()), 1, proc.stderr)
                 self.assertIn(f"run_all.py: error: {name}='{value}'", proc.stderr)
+
+
+
+ALLOW_CPU_FILE = "tests/upstream_style/allow_cpu_fsdp1.py"
+
+
+@unittest.skipIf(torch.cuda.is_available(), "the switch changes nothing where accelerators exist")
+class TestAllowCpu(unittest.TestCase):
+    """--allow-cpu: a GPU-written file runs on CPU, its adaptations summed up after the table."""
+
+    def test_allow_cpu_runs_the_file_and_lists_adaptations(self) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            proc = run_all(ALLOW_CPU_FILE, "--allow-cpu", env={"TMPDIR": tmp})
+            left = [n for n in os.listdir(tmp) if not n.startswith("torchinductor_")]
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        lines = proc.stdout.strip().splitlines()
+        self.assertEqual(lines[-1], "6 passed, 0 failed, 0 skipped")
+        self.assertEqual(
+            lines[-2],
+            "CPU adaptations (HARNESS_ALLOW_CPU): FSDP1 device_id=cpu in 4 tests; "
+            "DDP device_ids=None in 3 tests",
+        )
+        self.assertEqual(left, [])
+
+    def test_without_allow_cpu_nothing_runs_and_nothing_is_adapted(self) -> None:
+        proc = run_all(ALLOW_CPU_FILE)
+        self.assertNotIn("CPU adaptations", proc.stdout)
+        self.assertEqual(last_line(proc.stdout), "0 passed, 0 failed, 0 skipped")
 
 
 if __name__ == "__main__":

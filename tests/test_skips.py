@@ -24,13 +24,14 @@ from harness import (
     skipIfRocm,
     skips,
 )
+from harness.devices import HarnessConfigError
 from harness.skips import SKIP_BY_EXIT_CODE, check_requirements
 
 
 def gpus(count):
-    """Pretend `count` CUDA devices exist (and HARNESS_DEVICE is unset)."""
+    """Pretend `count` CUDA devices exist (and HARNESS_DEVICE, HARNESS_ALLOW_CPU are unset)."""
     patches = [
-        mock.patch.dict(os.environ, {"HARNESS_DEVICE": ""}),
+        mock.patch.dict(os.environ, {"HARNESS_DEVICE": "", "HARNESS_ALLOW_CPU": ""}),
         mock.patch.object(torch.cuda, "is_available", return_value=count > 0),
         mock.patch.object(torch.cuda, "device_count", return_value=count),
     ]
@@ -219,6 +220,50 @@ class SkipsTest(unittest.TestCase):
                     check_requirements(fn, 4)
                 self.assertTrue(at_least_x_gpu(1))
             self.assertEqual(rule.call_count, 9)
+
+    def test_allow_cpu_switch_runs_every_requirement_on_cpu(self):
+        """HARNESS_ALLOW_CPU=1 without accelerators: every requirement is met (CPU, gloo)."""
+        self.use_gpus(0)
+
+        class Case(TestCase):
+            world_size = 4
+
+        def body(case):
+            return "ran"
+
+        decorated = [
+            skip_if_lt_x_gpu(8)(body), skip_if_no_gpu(body), requires_nccl()(body),
+            requires_accelerator_dist_backend()(body),
+        ]
+        with mock.patch.object(dist, "is_nccl_available", return_value=False):
+            with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "1"}):
+                self.assertEqual([fn(Case()) for fn in decorated], ["ran"] * 4)
+                for fn in decorated:
+                    check_requirements(fn, 4)
+                self.assertTrue(at_least_x_gpu(2))
+            with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "0"}):
+                for fn in decorated:
+                    with self.assertRaises(unittest.SkipTest):
+                        fn(Case())
+                self.assertFalse(at_least_x_gpu(2))
+
+    def test_allow_cpu_switch_changes_nothing_where_accelerators_exist(self):
+        self.use_gpus(1)
+
+        @skip_if_lt_x_gpu(2)
+        def needs_two():
+            return "ran"
+
+        with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "1"}):
+            with self.assertRaisesRegex(unittest.SkipTest, "found 1"):
+                needs_two()
+            self.assertFalse(at_least_x_gpu(2))
+
+    def test_allow_cpu_switch_bad_value_names_it(self):
+        self.use_gpus(0)
+        with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "yes"}):
+            with self.assertRaisesRegex(HarnessConfigError, "HARNESS_ALLOW_CPU='yes' must be 1"):
+                at_least_x_gpu(1)
 
     def test_skip_but_pass_in_sandcastle_if_marks_functions_and_classes(self):
         def fn():
