@@ -1,23 +1,22 @@
-"""Upstream's shared-process bases, `MultiProcContinuousTest` and `FSDPTestContinuous` (INTERIM).
+"""Upstream's shared-process bases, `MultiProcContinuousTest` and `FSDPTestContinuous`.
 
-Upstream starts one set of rank processes per class and runs every test of the class in them,
-with one default process group per class. Until the harness has a shared-process launcher
-(issue 10), these classes run on the fresh-process mode instead: every test gets its own rank
-processes (MultiProcessTestCase), and the default group is initialised through the test's own
-rendezvous before the test and destroyed after it. What they add is only upstream's class API
-(`world_size`, `rank`, `backend_str()`, `device_type()`, `opts()`, `timeout`, `_init_pg`, `pg` /
-`process_group`), so upstream files that subclass them import and pass with upstream's
-semantics, and swapping in the shared-process launcher later changes no test file. Unlike
-upstream there is no poison pill: a failing test fails alone. Two things fresh processes make
-unnecessary that the shared launcher must add: resetting torch.compile's caches between tests
-(upstream calls ``torch._dynamo.reset()``) and creating the group once per class. The default
-``timeout`` is the harness's (HARNESS_TIMEOUT, else 300 s), not upstream's 120 s.
+As upstream, one set of rank processes runs every test of a class, with one default process
+group per class: the ranks start on the class's first test (lazily, so device-type
+instantiation works: the class that actually runs is the one started), create the group with
+`_init_pg`, and before each test they barrier and reseed (and reset torch.compile's caches,
+as upstream). The launching is harness/shared_ranks.py's; each test's events are reported as
+in the fresh-process mode. Beyond upstream there is no poison pill: a failing test fails
+alone, and a rank that crashes, exits or hangs fails only that test, the class's next test
+running on new ranks. Launched by torchrun, this process is the rank and each test creates
+and destroys its own group. The default ``timeout`` is the harness's (HARNESS_TIMEOUT, else
+300 s), not upstream's 120 s.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import sys
 import unittest
 from datetime import timedelta
 from typing import Any, Optional
@@ -25,9 +24,12 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from harness import devices
+from harness import compat_local_tensor, devices, shared_ranks
 from harness.fsdp import FSDPTestMixin
 from harness.multiprocess import MAIN_PROCESS_RANK, MultiProcessTestCase
+from harness.outcome import apply_verdict, decide
+from harness.skips import accelerators_suffice, check_case_requirements
+from harness.testcase import current_seed, seed_everything
 
 
 class _DefaultWorldSize:
@@ -54,13 +56,13 @@ def class_device_type(cls: type) -> str:
 
 
 class MultiProcContinuousTest(MultiProcessTestCase):
-    """Upstream's `MultiProcContinuousTest` class API on fresh rank processes (see the module).
+    """Upstream's `MultiProcContinuousTest`: the tests of a class share its rank processes.
 
-    In a rank, before each test, `_init_pg(rank, world_size, rendezvous)` creates the default
-    group with `backend_str()` (None: torch picks per device) and `opts()`, and sets the
-    class attributes `pg`, `rank`, `world_size` and `rdvz_file` as upstream does; the group is
-    destroyed after the test. A `timeout` given as a `timedelta` (upstream's type) is
-    converted to seconds, the harness's unit.
+    In a rank, once per set of ranks, `_init_pg(rank, world_size, rdvz_file)` creates the
+    default group with `backend_str()` (None: torch picks per device) and `opts()`, and the
+    class attributes `pg`, `rank`, `world_size` and `rdvz_file` are set as upstream does. A
+    `timeout` given as a `timedelta` (upstream's type) is converted to seconds, the
+    harness's unit.
     """
 
     world_size: int = _DefaultWorldSize()  # type: ignore[assignment]
@@ -108,19 +110,75 @@ class MultiProcContinuousTest(MultiProcessTestCase):
         )
         cls.pg = dist.group.WORLD
 
+    @property
+    def destroy_pg_upon_exit(self) -> bool:
+        """Never: the default group belongs to the class, not to one test."""
+        return False
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shared_ranks.stop(cls)
+        super().tearDownClass()
+
+    # -- in a shared rank (harness/rank.py `serve`) --------------------------------------
+
+    @classmethod
+    def _shared_rank_start(cls, rank: int, world_size: int, rdvz_file: str) -> None:
+        """Once per set of ranks: the class attributes and the default group, as upstream."""
+        cls.rank = rank  # type: ignore[assignment]
+        cls.world_size = world_size
+        cls.rdvz_file = rdvz_file
+        cls._init_pg(rank, world_size, rdvz_file)
+
+    @classmethod
+    def _shared_rank_before_test(cls) -> None:
+        """Every rank meets before a test (so none is still in the last one) and reseeds."""
+        dist.barrier(group=cls.pg)
+        seed_everything(current_seed())
+
+    @classmethod
+    def _shared_rank_after_test(cls) -> bool:
+        """Forget what torch.compile cached; whether the class's group is still there."""
+        if "torch._dynamo" in sys.modules:
+            compat_local_tensor.reset_dynamo()
+        return dist.is_initialized() and dist.group.WORLD is cls.pg
+
+    # -- in the parent -------------------------------------------------------------------
+
+    def _spawn_processes(self) -> None:
+        """Check the class can run; its ranks start with its first test (lazily)."""
+        if self._torchrun is not None or self.rank != MAIN_PROCESS_RANK:
+            super()._spawn_processes()
+            return
+        check_case_requirements(self)
+        devices.checked_rank_settings(self)
+        if "<locals>" in type(self).__qualname__:
+            raise devices.HarnessConfigError(
+                f"{type(self).__qualname__} is defined inside a function: ranks re-create the "
+                "test by importing its class, so define it at module level"
+            )
+
+    def _join_processes(self) -> None:
+        """Run the test on the class's ranks and turn their reports into its outcome."""
+        world_size, timeout = devices.checked_rank_settings(self)
+        ranks = shared_ranks.ranks_of(type(self), world_size)
+        records, timed_out = ranks.run_test(self, timeout)
+        self.rank_records = records
+        apply_verdict(self, decide(records, timeout if timed_out else None))
+
+    # -- launched by torchrun: this process is the rank, each test has its own group ------
+
     def setUp(self) -> None:
         super().setUp()
-        if self.rank == MAIN_PROCESS_RANK:
-            return
-        cls = type(self)
-        cls.rank = self.rank
-        cls.world_size = self.world_size
-        cls.rdvz_file = self.file_name
-        by_file = self.init_method == f"file://{self.file_name}"
-        cls._init_pg(self.rank, self.world_size, self.file_name if by_file else self.init_method)
+        if self._torchrun is not None:
+            cls = type(self)
+            cls.rank = self.rank
+            cls.world_size = self.world_size
+            cls.rdvz_file = self.init_method
+            cls._init_pg(self.rank, self.world_size, self.init_method)
 
     def tearDown(self) -> None:
-        if self.rank != MAIN_PROCESS_RANK and dist.is_initialized():
+        if self._torchrun is not None and dist.is_initialized():
             dist.destroy_process_group()
             type(self).pg = None
         super().tearDown()
@@ -130,9 +188,10 @@ class FSDPTestContinuous(FSDPTestMixin, MultiProcContinuousTest):
     """Upstream's `FSDPTestContinuous`: the FSDP parity helpers on MultiProcContinuousTest.
 
     The backend follows the device type (nccl on GPUs, gloo on CPU); each rank uses its own
-    device (`self.device`); ranks barrier before and after each test (the barrier after is
-    skipped when this rank failed); `process_group` is the class's `pg`. With fewer
-    accelerators than ranks the test skips before any rank starts, as upstream's ranks do.
+    device (`self.device`); `process_group` is the class's `pg`. The ranks meet before each
+    test (the shared ranks' barrier); unlike upstream there is no barrier after it, where a
+    rank whose peer failed would wait for it in vain. With fewer accelerators than ranks the
+    test skips before any rank starts, as upstream's ranks do.
     """
 
     @classmethod
@@ -162,13 +221,6 @@ class FSDPTestContinuous(FSDPTestMixin, MultiProcContinuousTest):
     def setUp(self) -> None:
         if self.rank == MAIN_PROCESS_RANK and class_device_type(type(self)) != "cpu":
             found, needed = devices.accelerator_count(), self.world_size
-            if isinstance(needed, int) and found < needed:
+            if isinstance(needed, int) and not accelerators_suffice(needed):
                 raise unittest.SkipTest(f"Need at least {needed} CUDA devices ({found} found)")
         super().setUp()
-        if self.rank != MAIN_PROCESS_RANK:
-            dist.barrier()
-
-    def tearDown(self) -> None:
-        if self.rank != MAIN_PROCESS_RANK and dist.is_initialized() and not self._rank_failed():
-            dist.barrier()
-        super().tearDown()

@@ -3,8 +3,10 @@
 The parent (harness/multiprocess.py) only supervises. A rank re-creates its TestCase by
 name, runs it with `case.run(result)` so unittest's own machinery (setUp, subTest,
 skips, expected failures) applies unchanged, and `ForwardingResult` sends each event to
-the parent over a pipe, where the outcome is decided. This module must stay importable
-without side effects: the forkserver preloads it.
+the parent over a pipe, where the outcome is decided. A fresh rank (`main`) runs one test
+and exits; a shared rank (`serve`) sets its class up once and runs each test the parent
+sends it, reporting each test's events exactly as a fresh rank does. This module must stay
+importable without side effects: the forkserver preloads it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from harness import compat_flight_recorder
+from harness import compat_cpu_defaults, compat_flight_recorder
 from harness.outcome import Event, picklable_params
 from harness.skips import SKIP_BY_EXIT_CODE
 
@@ -56,15 +58,7 @@ class RankSpec:
 
 def main(spec: RankSpec, channel: Connection) -> None:
     """Entry point of a rank process: run the test once and exit without interpreter teardown."""
-    # Keep the garbage collector out of the objects inherited from the forkserver: a full
-    # collection would walk every one of them and so copy much of the preloaded heap.
-    gc.freeze()
-    # Before any thread starts, so that only the thread serving dumps ever receives it.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {COLLECTIVES_SIGNAL})
-    _serve_collective_dumps(collectives_path(spec.output_path))
-    _die_with_parent(spec.work_dir)
-    _capture_output(spec.output_path)
-    _prepare_process(spec)
+    _set_up_process(spec)
     result = ForwardingResult(channel)
     try:
         case = load_case(spec)
@@ -75,6 +69,89 @@ def main(spec: RankSpec, channel: Connection) -> None:
         case.run(result)
         result.grid_points = getattr(case, "_grid_points_run", 0)
     channel.send(Event("done", count=result.grid_points))
+    _leave(channel)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One test for a shared rank to run, sent over its task pipe (harness/shared_ranks.py)."""
+
+    method: str
+    output_path: str  # this test's output file: each test's output is reported on its own
+    file_name: str  # this test's own rendezvous path (the grid synchronisation lives beside it)
+
+
+def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
+    """Entry point of a shared rank process: set the class up once, then run each test sent.
+
+    The class hooks `_shared_rank_start` (once: create the default group),
+    `_shared_rank_before_test` (barrier, reseed) and `_shared_rank_after_test` (False when
+    the test left the rank unusable) keep the class-specific part out of here. Before a test,
+    the rank reports "ready" once past the hook: a parent that never hears it knows the
+    ranks cannot meet any more and starts new ones. When its pipe closes the rank exits.
+    """
+    _set_up_process(spec)
+    cls: Any = None
+    setup_problem: Optional[Event] = None
+    try:
+        cls = load_class(spec.module, spec.qualname)
+        cls._shared_rank_start(spec.rank, spec.world_size, spec.file_name)
+    except (Exception, SystemExit):
+        err = sys.exc_info()
+        skip = _skip_reason(err)
+        setup_problem = Event("failure", format_error(err)) if skip is None else Event("skip", skip)
+    output = spec.output_path
+    while True:
+        try:
+            task = tasks.recv()
+        except EOFError:
+            break
+        if task.output_path != output:
+            _capture_output(task.output_path)
+            output = task.output_path
+        if setup_problem is not None:
+            channel.send(setup_problem)
+            channel.send(Event("done"))
+        elif not _run_shared_test(cls, spec, task, channel):
+            break
+    _leave(channel)
+
+
+def _run_shared_test(cls: Any, spec: RankSpec, task: Task, channel: Connection) -> bool:
+    """Run one test in a shared rank; False when the rank must not run another one."""
+    try:
+        cls._shared_rank_before_test()
+    except Exception:  # the ranks cannot meet: say why in the output, and leave
+        traceback.print_exc()
+        return False
+    channel.send(Event("ready"))
+    result = ForwardingResult(channel)
+    try:
+        case: Any = cls(task.method)
+        case._attach_rank(spec.rank, spec.world_size, task.file_name)
+    except Exception:
+        channel.send(Event("failure", format_error(sys.exc_info())))
+    else:
+        case._rank_result = result
+        case.run(result)
+        result.grid_points = getattr(case, "_grid_points_run", 0)
+    channel.send(Event("done", count=result.grid_points))
+    return bool(cls._shared_rank_after_test())
+
+
+def _set_up_process(spec: RankSpec) -> None:
+    # Keep the garbage collector out of the objects inherited from the forkserver: a full
+    # collection would walk every one of them and so copy much of the preloaded heap.
+    gc.freeze()
+    # Before any thread starts, so that only the thread serving dumps ever receives it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {COLLECTIVES_SIGNAL})
+    _serve_collective_dumps(collectives_path(spec.output_path))
+    _die_with_parent(spec.work_dir)
+    _capture_output(spec.output_path)
+    _prepare_process(spec)
+
+
+def _leave(channel: Connection) -> None:
     channel.close()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -164,6 +241,7 @@ def _prepare_process(spec: RankSpec) -> None:
     os.environ.update(spec.env)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     compat_flight_recorder.enable()  # so a hang report can say which collective each rank is in
+    compat_cpu_defaults.install()  # HARNESS_ALLOW_CPU: torch's accelerator defaults on CPU
     # Ctrl-C reaches the whole process group; the parent decides and stops the ranks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.enable(all_threads=True)
@@ -173,17 +251,22 @@ def _prepare_process(spec: RankSpec) -> None:
     torch.set_num_threads(spec.threads)
 
 
-def load_case(spec: RankSpec) -> unittest.TestCase:
-    """Re-create the parent's TestCase in this rank from its module, class and method names."""
-    target: Any = importlib.import_module(spec.module)
-    for part in spec.qualname.split("."):
+def load_class(module: str, qualname: str) -> Any:
+    """The test class the parent runs, found in this rank by its module and qualified name."""
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
         target = getattr(target, part, None)
         if target is None:
             raise LookupError(
-                f"test class {spec.qualname} not found in module {spec.module}: "
+                f"test class {qualname} not found in module {module}: "
                 "multi-process test classes must be defined at module level"
             )
-    case = target(spec.method)
+    return target
+
+
+def load_case(spec: RankSpec) -> unittest.TestCase:
+    """Re-create the parent's TestCase in this rank from its module, class and method names."""
+    case = load_class(spec.module, spec.qualname)(spec.method)
     case._attach_rank(spec.rank, spec.world_size, spec.file_name)
     return case
 
@@ -241,6 +324,13 @@ class ForwardingResult(unittest.TestResult):
 
 def _params_of(subtest: Any) -> Dict[str, Any]:
     return picklable_params(dict(getattr(subtest, "params", {}) or {}))
+
+
+def _skip_reason(err: Tuple[Any, Any, Any]) -> Optional[str]:
+    """Why setting a rank up skipped: SkipTest, or `sys.exit` with a skip code; else None."""
+    if err[0] is not None and issubclass(err[0], unittest.SkipTest):
+        return str(err[1])
+    return skip_exit_reason(err)
 
 
 def skip_exit_reason(err: Tuple[Any, Any, Any]) -> Optional[str]:

@@ -1,15 +1,21 @@
-"""Supervising the rank processes of one test from the parent: start, wait, stop, clean up.
+"""Supervising rank processes from the parent: start, wait, stop, clean up.
 
-`RankGroup` owns everything a test's ranks leave behind: their processes, the pipes they
-report on, and the test's private dir (rendezvous file, each rank's captured output, temp
-files). It collects what the ranks report until they have all exited, stops the others a
-few seconds after one failed or skipped (fail fast), and at the timeout; before stopping a
-rank it has the rank dump its Python stack into its output, so the report can show where
-it was. Deciding the outcome is harness/outcome.py's job.
+`RankGroup` owns everything its ranks leave behind: their processes, the pipes they
+report on, and the private dir (rendezvous file, each rank's captured output, temp
+files). Fresh ranks run one test and exit; shared ranks (`start(..., shared=True)`, see
+harness/shared_ranks.py) run one test per round, each round with fresh records and its own
+output files.
+
+It collects what the ranks report until they have all exited (shared ranks: until each
+reported "done" for the round), stops the others a few seconds after one failed or skipped
+(fail fast), and at the timeout; before stopping a rank it has the rank dump its Python
+stack into its output, so the report can show where it was. Deciding the outcome is
+harness/outcome.py's job.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import signal
@@ -25,10 +31,12 @@ from harness.rank import (
     COLLECTIVES_SIGNAL,
     STACK_SIGNAL,
     RankSpec,
+    Task,
     collectives_path,
     without_lifeline,
 )
 from harness.rank import main as rank_main
+from harness.rank import serve as rank_serve
 
 SHOW_OUTPUT_ENV = "HARNESS_SHOW_OUTPUT"
 FAIL_FAST_GRACE_S = 3.0  # once a rank failed, how long the others may still report
@@ -57,50 +65,105 @@ class RankGroup:
         self._stack_from: Dict[int, int] = {}  # rank -> output offset where its stack dump starts
         self._streamed = [0] * world_size
         self._closed = False
+        self._tasks: Dict[int, Connection] = {}  # shared ranks: the pipe each gets its tests on
+        self.round = 0  # shared ranks: how many tests they were sent before the current one
+        self._round_begun = False
 
     def output_path(self, rank: int) -> str:
-        return os.path.join(self.work_dir, f"rank{rank}.out")
+        """This rank's output file for the current test (the first one also has its start)."""
+        suffix = f".t{self.round}" if self.round else ""
+        return os.path.join(self.work_dir, f"rank{rank}{suffix}.out")
 
-    def start(self, context: Any, spec_of: Callable[[int], RankSpec]) -> None:
+    def collectives_file(self, rank: int) -> str:
+        return collectives_path(os.path.join(self.work_dir, f"rank{rank}.out"))
+
+    def test_file(self) -> str:
+        """The current test's own rendezvous path (its grid synchronisation lives beside it)."""
+        return os.path.join(self.work_dir, f"test{self.round}")
+
+    def start(
+        self, context: Any, spec_of: Callable[[int], RankSpec], shared: bool = False
+    ) -> None:
+        """Start the ranks: fresh ones run the spec's test; shared ones wait for `send_test`."""
         for record in self.records:
             reader, writer = context.Pipe(duplex=False)
+            args: tuple = (spec_of(record.rank), writer)
+            task_reader = None
+            if shared:
+                task_reader, self._tasks[record.rank] = context.Pipe(duplex=False)
+                args += (task_reader,)
             process = context.Process(
-                target=rank_main, args=(spec_of(record.rank), writer), name=f"rank{record.rank}"
+                target=rank_serve if shared else rank_main, args=args, name=f"rank{record.rank}"
             )
             self._readers[record.rank] = reader
             try:
                 process.start()
             finally:
                 writer.close()  # the rank holds the only write end: EOF once it exits
+                if task_reader is not None:
+                    task_reader.close()
             self.processes.append(process)
             record.pid = process.pid
             self._alive.add(record.rank)
+
+    def send_test(self, method: str) -> bool:
+        """Shared ranks: begin a round (fresh records and output files) and send every rank the
+        test; False if a rank can no longer be reached."""
+        if self._round_begun:
+            self._forget_round()
+        self._round_begun = True
+        task_file = self.test_file()
+        try:
+            for rank, pipe in self._tasks.items():
+                pipe.send(Task(method, self.output_path(rank), task_file))
+        except OSError:
+            return False
+        return True
+
+    def _forget_round(self) -> None:
+        for rank in range(len(self.records)):
+            _remove(self.output_path(rank))
+        for path in glob.glob(f"{glob.escape(self.test_file())}.*"):
+            _remove(path)
+        self.round += 1
+        self.records = [RankRecord(r.rank, pid=r.pid) for r in self.records]
+        self._stack_from = {}
+        self._streamed = [0] * len(self.records)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Shared ranks: whether every rank got past its pre-test barrier within `timeout`."""
+        deadline = time.monotonic() + timeout
+        while not all(_ready(record) for record in self.records):
+            now = time.monotonic()
+            if now >= deadline or len(self._alive) < len(self.records):
+                return False
+            self._wait_once(deadline - now)
+        return True
+
+    def intact(self) -> bool:
+        """Shared ranks: whether all of them are alive, finished the test and can take another."""
+        return all(
+            r.rank in self._alive and r.rank in self._readers and r.finished for r in self.records
+        )
 
     def supervise(self, timeout: float) -> bool:
         """Collect reports until every rank exited; True if the timeout stopped them."""
         started = time.monotonic()
         deadline, stop_at = started + timeout, float("inf")
         stream = _show_output()
-        while self._alive or self._readers:
+        while self._running() or any(rank not in self._alive for rank in self._readers):
             now = time.monotonic()
             if now >= min(deadline, stop_at):
                 break
             wait_s = min(deadline, stop_at) - now
             if stream:
                 wait_s = min(wait_s, STREAM_INTERVAL_S)
-            readers = list(self._readers.values())
-            sentinels = {self.processes[rank].sentinel: rank for rank in self._alive}
-            ready = wait(readers + list(sentinels), wait_s)
-            for item in ready:
-                if item in sentinels:
-                    self._exited(sentinels[item])
-                else:
-                    self._receive(next(r for r, c in self._readers.items() if c is item))
+            self._wait_once(wait_s)
             if stream:
                 self._stream()
             if stop_at == float("inf") and self._any_rank_ended_test():
                 stop_at = time.monotonic() + FAIL_FAST_GRACE_S
-        still_running = sorted(self._alive)
+        still_running = self._running()
         self._stop(still_running)
         for rank in list(self._readers):  # what the stopped ranks sent before they were stopped
             self._receive(rank, block=False)
@@ -108,6 +171,22 @@ class RankGroup:
         if stream:
             self._stream()
         return bool(still_running) and stop_at == float("inf")
+
+    def _running(self) -> List[int]:
+        """Ranks still running the test: alive and (shared ranks) not done with it."""
+        return sorted(r for r in self._alive if not (self._tasks and self.records[r].finished))
+
+    def _wait_once(self, wait_s: float) -> None:
+        """Take in whatever the ranks reported, or their exits, within `wait_s` seconds."""
+        readers = list(self._readers.values())
+        sentinels = {self.processes[rank].sentinel: rank for rank in self._alive}
+        for item in wait(readers + list(sentinels), wait_s):
+            if item in sentinels:
+                self._exited(sentinels[item])
+            else:
+                rank = next((r for r, c in self._readers.items() if c is item), None)
+                if rank is not None:  # not closed meanwhile by _exited
+                    self._receive(rank)
 
     def _receive(self, rank: int, block: bool = True) -> None:
         reader = self._readers[rank]
@@ -169,7 +248,7 @@ class RankGroup:
 
     def _read_collectives(self, ranks: List[int]) -> None:
         """Ask the ranks for their flight-recorder logs; a rank that does not answer is unknown."""
-        paths = {rank: collectives_path(self.output_path(rank)) for rank in ranks}
+        paths = {rank: self.collectives_file(rank) for rank in ranks}
         for rank in ranks:
             self._signal(rank, COLLECTIVES_SIGNAL)
         until = time.monotonic() + COLLECTIVES_DUMP_WAIT_S
@@ -235,8 +314,20 @@ class RankGroup:
                 process.join(5)
                 if process.exitcode is not None:
                     process.close()
-            for reader in self._readers.values():
-                reader.close()
+            for pipe in [*self._readers.values(), *self._tasks.values()]:
+                pipe.close()
             self._readers.clear()
+            self._tasks.clear()
         finally:
             shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def _ready(record: RankRecord) -> bool:
+    return any(e.kind in ("ready", "done") for e in record.events)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass

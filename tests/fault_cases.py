@@ -1,7 +1,9 @@
 """Multi-process test cases that pass, fail, crash, hang or skip on purpose.
 
 tests/test_multiprocess.py runs them one by one and checks the outcome and message the
-harness reports. The module name does not match `test*.py`, so neither unittest
+harness reports; tests/test_shared_ranks.py runs the `Shared*` classes (the same cases in
+the shared-process mode, each followed in its class by `test_2_after`, which must pass).
+The module name does not match `test*.py`, so neither unittest
 discovery nor pytest collects these cases as tests of their own. Ranks that need to tell
 the checking test something (their pid, a temp path) write it under HARNESS_FAULT_DIR.
 """
@@ -21,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from harness import devices
+from harness.continuous import MultiProcContinuousTest
 from harness.multiprocess import MultiProcessTestCase
 from harness.skips import TEST_SKIPS, skip_if_lt_x_gpu
 
@@ -185,3 +188,65 @@ class InProcess(MultiProcessTestCase):
 
     def test_records_pid(self) -> None:
         InProcess.pids.append((os.getpid(), self.rank, self.world_size, self.init_method))
+
+
+class _Shared(MultiProcContinuousTest):
+    """Two shared ranks; `test_2_after` runs after the class's case and must pass."""
+
+    world_size = 2
+    timeout = 60.0
+    grid_sync_timeout = 2.0
+
+    def test_2_after(self) -> None:
+        note(f"after.{self.rank}", str(os.getpid()))
+        value = torch.ones(1)
+        dist.all_reduce(value, group=self.pg)
+        self.assertEqual(value.item(), 2.0)
+
+
+def _shared_all_reduce(self: MultiProcContinuousTest) -> None:
+    note(f"case.{self.rank}", str(os.getpid()))
+    value = torch.tensor([float(self.rank + 1)])
+    dist.all_reduce(value, group=self.pg)
+    self.assertEqual(value, torch.tensor([3.0]))
+
+
+def _leave_a_collective_unmatched(self: MultiProcContinuousTest) -> None:
+    note(f"case.{self.rank}", str(os.getpid()))
+    if self.rank == 0:  # rank 1 never joins: the group is out of step afterwards
+        dist.all_reduce(torch.ones(1), group=self.pg, async_op=True)
+
+
+def _destroy_the_group(self: MultiProcContinuousTest) -> None:
+    note(f"case.{self.rank}", str(os.getpid()))
+    dist.destroy_process_group()
+
+
+# Each shared case: its class name and the body of its `test_1_case`.
+SHARED_CASES = {
+    "SharedPass": _shared_all_reduce,
+    "SharedRaiseOnRank1": Failing.test_raise_on_rank_1,
+    "SharedRaiseOnAll": Failing.test_raise_on_all_ranks,
+    "SharedExitCode": Failing.test_exit_code,
+    "SharedSigsegvOnRank1": Failing.test_sigsegv_on_rank_1,
+    "SharedFailFast": Failing.test_fail_fast,
+    "SharedOutput": Failing.test_output,
+    "SharedSkipOnRank1": Skipping.test_skip_on_rank_1,
+    "SharedSkipOnAll": Skipping.test_skip_on_all_ranks,
+    "SharedSkipBySysExit": Skipping.test_skip_by_sys_exit,
+    "SharedSkipByExitCode": Skipping.test_skip_by_exit_code,
+    "SharedGrid": Grid.test_grid,
+    "SharedBrokenGroup": _leave_a_collective_unmatched,
+    "SharedDestroyedGroup": _destroy_the_group,
+}
+for _name, _body in SHARED_CASES.items():
+    globals()[_name] = type(
+        _name, (_Shared,), {"__module__": __name__, "test_1_case": _body, "_point": Grid._point}
+    )
+
+
+class SharedHang(_Shared):
+    timeout = 8.0  # long enough for test_2_after to start new ranks on a loaded machine
+
+    def test_1_case(self) -> None:
+        hang_forever()

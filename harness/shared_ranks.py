@@ -1,0 +1,130 @@
+"""Shared-process mode: one set of rank processes per test class, each test sent to it.
+
+The parent side of MultiProcContinuousTest (harness/continuous.py). A class's ranks start on
+its first test (forks of the preloaded forkserver, harness/forkserver.py), create the default
+group once (the class's `_shared_rank_start`), then run each test they are sent
+(harness/rank.py `serve`). Every test's events are supervised and reported exactly as in the
+fresh-process mode (same RankGroup, RankRecord and outcome rules); what shared processes add
+is deciding when the set can no longer be trusted:
+
+- a rank that crashed, exited or was stopped (fail fast, timeout) fails that test with the
+  fresh mode's report, and the class's next test starts a new set;
+- before each test the ranks meet (barrier) and say "ready"; a reused set that does not
+  within READY_TIMEOUT_S (a group a previous test left broken) is replaced, and the test
+  runs on the new set: it is not the test's fault.
+
+Nothing outlives the class: `stop(cls)` (tearDownClass), `stop_all()` (the runner's cleanup,
+and at exit) kill the ranks and remove their private dir.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+from harness import devices, forkserver
+from harness.outcome import RankRecord
+from harness.rank import RankSpec
+from harness.supervisor import RankGroup
+
+READY_TIMEOUT_S = 10.0  # how long a reused set may take to meet before a test
+
+
+class SharedRanks:
+    """One test class's rank processes, started lazily and replaced when broken."""
+
+    def __init__(self, cls: type, world_size: int) -> None:
+        self.cls = cls
+        self.world_size = world_size
+        self.group: Optional[RankGroup] = None
+        self.starts = 0  # how many sets were started (a new one after each broken one)
+
+    def run_test(self, case: Any, timeout: float) -> Tuple[List[RankRecord], bool]:
+        """Run `case`'s test on the ranks; its records, and whether the timeout stopped them.
+
+        `case.file_name`, `init_method` and `processes` describe the run afterwards, as in
+        fresh mode.
+        """
+        method = case._testMethodName
+        group = self.group
+        reusable = group is not None and group.send_test(method)
+        if group is not None and not (reusable and group.wait_ready(READY_TIMEOUT_S)):
+            self.close()  # a broken set: run the test on new ranks instead
+            group = None
+        if group is None:
+            group = self._start(case)
+            group.send_test(method)  # a rank gone already is reported by supervise
+        case.file_name = group.test_file()
+        case.init_method = f"file://{case.file_name}"
+        case.processes = group.processes
+        try:
+            timed_out = group.supervise(timeout)
+        except BaseException:  # KeyboardInterrupt, SIGTERM: no rank outlives the test
+            self.close()
+            raise
+        if not group.intact():
+            self.close()
+        return group.records, timed_out
+
+    def _start(self, case: Any) -> RankGroup:
+        group = RankGroup(self.world_size)
+        self.group = group
+        self.starts += 1
+        cls = self.cls
+
+        def spec_of(rank: int) -> RankSpec:
+            return RankSpec(
+                module=cls.__module__,
+                qualname=cls.__qualname__,
+                method="",
+                rank=rank,
+                world_size=self.world_size,
+                file_name=group.file_name,
+                work_dir=group.work_dir,
+                output_path=group.output_path(rank),
+                temp_dir=group.temp_dir,
+                threads=devices.intra_op_threads(self.world_size),
+                env=dict(os.environ),
+            )
+
+        try:
+            group.start(forkserver.context(cls.__module__), spec_of, shared=True)
+        except BaseException:
+            self.close()
+            raise
+        return group
+
+    def close(self) -> None:
+        """Stop the ranks and remove their private dir (a later test starts new ones)."""
+        group, self.group = self.group, None
+        if group is not None:
+            group.close()
+
+
+_open: Dict[type, SharedRanks] = {}
+
+
+def ranks_of(cls: type, world_size: int) -> SharedRanks:
+    """The class's shared ranks (none started until its first test runs)."""
+    ranks = _open.get(cls)
+    if ranks is None or ranks.world_size != world_size:
+        stop(cls)
+        ranks = _open[cls] = SharedRanks(cls, world_size)
+    return ranks
+
+
+def stop(cls: type) -> None:
+    """Stop the class's ranks, if it has any running (its tearDownClass)."""
+    ranks = _open.pop(cls, None)
+    if ranks is not None:
+        ranks.close()
+
+
+def stop_all() -> None:
+    """Stop every class's ranks: for a runner stopped between a class's tests (signals)."""
+    for cls in list(_open):
+        stop(cls)
+
+
+atexit.register(stop_all)
