@@ -58,8 +58,7 @@ class _Program(unittest.TestProgram):
 
     def __init__(self, harness_args: argparse.Namespace, **kwargs: Any) -> None:
         self.harness_args = harness_args
-        self.interrupted_by: Optional[int] = None
-        self.code = 0
+        self.code = 0  # the exit code, set once the tests ran
         super().__init__(exit=False, **kwargs)
 
     def _print_help(self, *args: Any, **kwargs: Any) -> None:
@@ -100,7 +99,6 @@ class _Program(unittest.TestProgram):
             self.testRunner.stream.writeln(adapted)
         self.code = int(not self.result.wasSuccessful())
         if tests.signum is not None:
-            self.interrupted_by = tests.signum
             self.code = lifecycle.exit_code(tests.signum)
             result, stream = self.result, self.testRunner.stream
             stream.writeln(f"run stopped: interrupted by {lifecycle.describe(tests.signum)}")
