@@ -1,8 +1,9 @@
-"""MultiProcContinuousTest / FSDPTestContinuous: upstream's class API (interim: fresh processes).
+"""MultiProcContinuousTest / FSDPTestContinuous: upstream's class API on shared processes.
 
-The bases must give a test what upstream's do (a default group before each test, `rank`,
-`world_size`, `pg`/`process_group`, `backend_str()`, `device_type()`, `_init_pg` overrides,
-device-type instantiation) and, beyond upstream, let a failing test fail alone.
+The bases must give a test what upstream's do (one default group for the class, there before
+each test, `rank`, `world_size`, `pg`/`process_group`, `backend_str()`, `device_type()`,
+`_init_pg` overrides, device-type instantiation) and, beyond upstream, let a failing test
+fail alone. The fault cases of the shared mode are in tests/test_shared_ranks.py.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from tests.test_fsdp import UPSTREAM_STYLE, run_script
 
 class TestContinuousGroup(MultiProcContinuousTest):
     world_size = 2
+    seen: List[Any] = []  # in a rank: (pid, group) of each test it ran
 
-    def test_default_group_before_the_test(self) -> None:
+    def test_1_default_group_before_the_test(self) -> None:
         cls = type(self)
         self.assertTrue(dist.is_initialized())
         self.assertEqual((cls.rank, cls.world_size), (self.rank, 2))
@@ -39,11 +41,15 @@ class TestContinuousGroup(MultiProcContinuousTest):
         dist.all_reduce(value)
         self.assertEqual(value, torch.ones(2, device=value.device))
 
+    def test_2_same_processes_and_group(self) -> None:
+        self.assertEqual([(os.getpid(), type(self).pg)], self.seen[:1])
+        self.assertEqual(len(self.seen), 1)
+
     def tearDown(self) -> None:
         super().tearDown()
         if self.rank != MAIN_PROCESS_RANK:
-            self.assertFalse(dist.is_initialized(), "the group outlived the test")
-            self.assertIsNone(type(self).pg)
+            self.assertIs(dist.group.WORLD, type(self).pg, "the class's group ended with a test")
+            self.seen.append((os.getpid(), type(self).pg))
 
 
 class TestContinuousOverrides(MultiProcContinuousTest):
