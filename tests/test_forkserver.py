@@ -22,7 +22,7 @@ from typing import Any, Dict
 from tests.fixtures import child_env
 
 WAIT_S = 240.0
-ORPHAN_WAIT_S = 10.0
+ORPHAN_WAIT_S = 5.0  # after SIGKILL of the runner, for the forkserver to clean up and exit
 
 PRELUDE = '''
 import json

@@ -25,7 +25,7 @@ from harness import lifecycle
 from tests.fixtures import REPO, child_env
 
 WAIT_S = 240.0  # to start torch, the forkserver and the ranks on a loaded 2-core machine
-ORPHAN_WAIT_S = 10.0  # after SIGKILL of the runner: the forkserver's and ranks' clean-up
+ORPHAN_WAIT_S = 5.0  # after SIGKILL of the runner: the forkserver's and ranks' clean-up (~1.5 s)
 
 SLOW_SUITE = '''
 import os
