@@ -135,7 +135,7 @@ def _ddp_arguments(arguments: Dict[str, Any]) -> None:
 
 def _running_test_id() -> str:
     """The id of the test whose code is running: the nearest TestCase on the call stack."""
-    frame = sys._getframe(1)
+    frame = inspect.currentframe()
     while frame is not None:
         candidate = frame.f_locals.get("self")
         if isinstance(candidate, unittest.TestCase):
