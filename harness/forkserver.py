@@ -107,7 +107,6 @@ def load_main_script_in_forkserver() -> None:
         return
 
 
-
 def helper_pids() -> Dict[str, int]:
     """multiprocessing's helper processes this process runs now: forkserver, resource tracker."""
     pids = {
