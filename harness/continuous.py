@@ -29,7 +29,6 @@ from harness.fsdp import FSDPTestMixin
 from harness.multiprocess import MAIN_PROCESS_RANK, MultiProcessTestCase
 from harness.outcome import apply_verdict, decide
 from harness.skips import accelerators_suffice, check_case_requirements
-from harness.testcase import current_seed, seed_everything
 
 
 class _DefaultWorldSize:
@@ -132,9 +131,9 @@ class MultiProcContinuousTest(MultiProcessTestCase):
 
     @classmethod
     def _shared_rank_before_test(cls) -> None:
-        """Every rank meets before a test (so none is still in the last one) and reseeds."""
+        """Every rank meets before a test, so none is still in the last one (the test's setUp
+        then reseeds, as in every rank)."""
         dist.barrier(group=cls.pg)
-        seed_everything(current_seed())
 
     @classmethod
     def _shared_rank_after_test(cls) -> bool:

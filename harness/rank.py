@@ -26,7 +26,7 @@ import unittest
 from dataclasses import dataclass
 from multiprocessing import parent_process
 from multiprocessing.connection import Connection, wait
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -85,10 +85,14 @@ def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
     """Entry point of a shared rank process: set the class up once, then run each test sent.
 
     The class hooks `_shared_rank_start` (once: create the default group),
-    `_shared_rank_before_test` (barrier, reseed) and `_shared_rank_after_test` (False when
+    `_shared_rank_before_test` (the ranks meet) and `_shared_rank_after_test` (False when
     the test left the rank unusable) keep the class-specific part out of here. Before a test,
-    the rank reports "ready" once past the hook: a parent that never hears it knows the
-    ranks cannot meet any more and starts new ones. When its pipe closes the rank exits.
+    the rank reports "ready" (with the test's number) once past the meeting: a parent that
+    never hears it knows the ranks cannot meet any more and starts new ones. A rank whose
+    test passed goes to the next test's meeting at once (its peers are not inside a
+    collective of the test, which the meeting's could be mistaken for), so that meeting
+    overlaps the parent's own work; one whose test failed or skipped goes only once the
+    next test arrives. When its pipe closes the rank exits.
     """
     _set_up_process(spec)
     cls: Any = None
@@ -100,7 +104,7 @@ def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
         err = sys.exc_info()
         skip = _skip_reason(err)
         setup_problem = Event("failure", format_error(err)) if skip is None else Event("skip", skip)
-    output = spec.output_path
+    output, met, number = spec.output_path, False, 0
     while True:
         try:
             task = tasks.recv()
@@ -112,20 +116,33 @@ def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
         if setup_problem is not None:
             channel.send(setup_problem)
             channel.send(Event("done"))
-        elif not _run_shared_test(cls, spec, task, channel):
+            continue
+        if not met and not _meet(cls, channel, number):
+            break
+        passed = _run_shared_test(cls, spec, task, channel)
+        number += 1
+        if not cls._shared_rank_after_test():
+            break
+        met = passed and _meet(cls, channel, number)
+        if passed and not met:
             break
     _leave(channel)
 
 
-def _run_shared_test(cls: Any, spec: RankSpec, task: Task, channel: Connection) -> bool:
-    """Run one test in a shared rank; False when the rank must not run another one."""
+def _meet(cls: Any, channel: Connection, number: int) -> bool:
+    """The ranks' meeting before test `number`; False (with why, in the output) if it failed."""
     try:
         cls._shared_rank_before_test()
-    except Exception:  # the ranks cannot meet: say why in the output, and leave
+    except Exception:
         traceback.print_exc()
         return False
-    channel.send(Event("ready"))
-    result = ForwardingResult(channel)
+    channel.send(Event("ready", count=number))
+    return True
+
+
+def _run_shared_test(cls: Any, spec: RankSpec, task: Task, channel: Connection) -> bool:
+    """Run one test in a shared rank (already past the meeting); whether it passed here."""
+    result = ForwardingResult(channel, hold_success=True)
     try:
         case: Any = cls(task.method)
         case._attach_rank(spec.rank, spec.world_size, task.file_name)
@@ -135,8 +152,8 @@ def _run_shared_test(cls: Any, spec: RankSpec, task: Task, channel: Connection) 
         case._rank_result = result
         case.run(result)
         result.grid_points = getattr(case, "_grid_points_run", 0)
-    channel.send(Event("done", count=result.grid_points))
-    return bool(cls._shared_rank_after_test())
+    channel.send([*result.held, Event("done", count=result.grid_points)])  # one message
+    return result.passed
 
 
 def _set_up_process(spec: RankSpec) -> None:
@@ -274,17 +291,24 @@ def load_case(spec: RankSpec) -> unittest.TestCase:
 class ForwardingResult(unittest.TestResult):
     """A unittest result that sends every event to the parent instead of keeping it."""
 
-    def __init__(self, channel: Connection) -> None:
+    def __init__(self, channel: Connection, hold_success: bool = False) -> None:
         super().__init__()
         self._channel = channel
+        self._hold_success = hold_success  # sent with "done" by the caller: one message less
+        self.held: List[Event] = []
         self.grid_points = 0
         self.failed = False  # the test itself (not a grid point) failed in this rank
+        self.passed = False  # it passed in this rank (no failure, skip or failed grid point)
 
     def _send(self, event: Event) -> None:
         self._channel.send(event)
 
     def addSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802 - unittest's naming
-        self._send(Event("success"))
+        self.passed = True
+        if self._hold_success:
+            self.held.append(Event("success"))
+        else:
+            self._send(Event("success"))
 
     def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
         self.failed = True

@@ -15,7 +15,6 @@ harness/outcome.py's job.
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import signal
@@ -68,6 +67,7 @@ class RankGroup:
         self._tasks: Dict[int, Connection] = {}  # shared ranks: the pipe each gets its tests on
         self.round = 0  # shared ranks: how many tests they were sent before the current one
         self._round_begun = False
+        self._ready_for: Dict[int, int] = {}  # shared rank -> the test it last met the others for
 
     def output_path(self, rank: int) -> str:
         """This rank's output file for the current test (the first one also has its start)."""
@@ -123,8 +123,7 @@ class RankGroup:
     def _forget_round(self) -> None:
         for rank in range(len(self.records)):
             _remove(self.output_path(rank))
-        for path in glob.glob(f"{glob.escape(self.test_file())}.*"):
-            _remove(path)
+        _remove(f"{self.test_file()}.grid")  # the grid synchronisation's store
         self.round += 1
         self.records = [RankRecord(r.rank, pid=r.pid) for r in self.records]
         self._stack_from = {}
@@ -133,7 +132,7 @@ class RankGroup:
     def wait_ready(self, timeout: float) -> bool:
         """Shared ranks: whether every rank got past its pre-test barrier within `timeout`."""
         deadline = time.monotonic() + timeout
-        while not all(_ready(record) for record in self.records):
+        while not all(self._ready(record) for record in self.records):
             now = time.monotonic()
             if now >= deadline or len(self._alive) < len(self.records):
                 return False
@@ -172,6 +171,9 @@ class RankGroup:
             self._stream()
         return bool(still_running) and stop_at == float("inf")
 
+    def _ready(self, record: RankRecord) -> bool:
+        return self._ready_for.get(record.rank, -1) >= self.round or record.finished
+
     def _running(self) -> List[int]:
         """Ranks still running the test: alive and (shared ranks) not done with it."""
         return sorted(r for r in self._alive if not (self._tasks and self.records[r].finished))
@@ -192,10 +194,14 @@ class RankGroup:
         reader = self._readers[rank]
         try:
             while block or reader.poll(0):
-                event = reader.recv()
-                self.records[rank].events.append(event)
-                if event.kind in ("failure", "expected_failure"):
-                    self._note_problem(rank)
+                message = reader.recv()
+                for event in message if isinstance(message, list) else [message]:
+                    if event.kind == "ready":  # a shared rank met the others for a test
+                        self._ready_for[rank] = event.count
+                        continue
+                    self.records[rank].events.append(event)
+                    if event.kind in ("failure", "expected_failure"):
+                        self._note_problem(rank)
                 block = False
         except (EOFError, OSError):
             reader.close()
@@ -320,10 +326,6 @@ class RankGroup:
             self._tasks.clear()
         finally:
             shutil.rmtree(self.work_dir, ignore_errors=True)
-
-
-def _ready(record: RankRecord) -> bool:
-    return any(e.kind in ("ready", "done") for e in record.events)
 
 
 def _remove(path: str) -> None:
