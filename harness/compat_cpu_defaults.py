@@ -4,12 +4,13 @@ Tests written for GPUs lean on two accelerator defaults that torch refuses on a 
 without one: FSDP1 (`FullyShardedDataParallel`) built without `device_id` takes the current
 accelerator (on CPU: "FSDP needs a non-CPU accelerator device"), and DDP takes
 `device_ids=[rank]` (on a CPU module: "device_ids ... only work with ... GPU modules").
-`install()` gives each its CPU analog in a rank process, and only while the CPU stands in for
-accelerators (HARNESS_ALLOW_CPU=1, none present). Neither changes what is computed: the module
-stays where its parameters are, on the CPU.
-
-Thread ranks are not adapted: they share the runner's process, where patching torch would
-change every other test of the run too.
+`install()` gives each its CPU analog, and they apply only inside a rank (the running test on
+the call stack is a rank of a multi-rank test: a rank process, or a rank thread of
+MultiThreadedTestCase) and only while the CPU stands in for accelerators (HARNESS_ALLOW_CPU=1,
+none present). Rank processes install them when they start (harness/rank.py); thread ranks
+share the runner's process, which installs them before starting the threads (skips.py), and
+every other test of that process still gets torch's own behaviour. Neither analog changes
+what is computed: the module stays where its parameters are, on the CPU.
 
 Each adaptation, when it fires, writes one line to the rank's stderr (once per test) and
 appends `<key>\t<test id>` to the run's adaptation log: a file named by HARNESS_CPU_ADAPTATIONS,
@@ -25,6 +26,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import unittest
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
@@ -49,20 +51,41 @@ ADAPTATIONS: Dict[str, Tuple[str, str]] = {
 
 _installed: List[bool] = []
 _reported: Set[Tuple[str, str]] = set()
+_lock = threading.Lock()  # thread ranks fire concurrently
 
 
 def install() -> bool:
-    """Adapt FSDP1 and DDP in this (rank) process when the CPU stands in for accelerators.
-
-    Returns whether the adaptations are on; installing twice is a no-op.
+    """Adapt FSDP1 and DDP in this process when the CPU stands in for accelerators (for the
+    ranks that run here). Returns whether the adaptations are on; installing twice is a no-op.
     """
     if not devices.cpu_stands_in():
         return False
-    if not _installed:
-        _patch_init(FullyShardedDataParallel, _fsdp_arguments)
-        _patch_init(DistributedDataParallel, _ddp_arguments)
-        _installed.append(True)
+    with _lock:
+        if not _installed:
+            _patch_init(FullyShardedDataParallel, _fsdp_arguments)
+            _patch_init(DistributedDataParallel, _ddp_arguments)
+            _installed.append(True)
     return True
+
+
+def _running_case() -> Optional[unittest.TestCase]:
+    """The test whose code is running: the nearest TestCase on the call stack."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, unittest.TestCase):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+def _in_rank() -> Optional[unittest.TestCase]:
+    """The running test when it is a rank (process or thread) and the CPU stands in, else None."""
+    case = _running_case()
+    rank = getattr(case, "rank", None)
+    if isinstance(rank, int) and rank >= 0 and devices.cpu_stands_in():
+        return case
+    return None
 
 
 def _patch_init(cls: type, adapt: Any) -> None:
@@ -87,9 +110,12 @@ def _on_cpu_only(module: Any) -> bool:
 
 def _fsdp_arguments(arguments: Dict[str, Any]) -> None:
     """FSDP1 without device_id on CPU (or meta) parameters: the CPU, as a GPU run takes its GPU."""
-    if arguments.get("device_id") is None and _on_cpu_only(arguments.get("module")):
+    if arguments.get("device_id") is not None or not _on_cpu_only(arguments.get("module")):
+        return
+    case = _in_rank()
+    if case is not None:
         arguments["device_id"] = torch.device("cpu")
-        _fired(FSDP_DEVICE_ID)
+        _fired(FSDP_DEVICE_ID, case)
 
 
 def _rank() -> Optional[int]:
@@ -128,28 +154,20 @@ def _ddp_arguments(arguments: Dict[str, Any]) -> None:
         return
     if output is not None and not _names_rank_device(output, rank):
         return
-    arguments["device_ids"] = None
-    arguments["output_device"] = None
-    _fired(DDP_DEVICE_IDS)
+    case = _in_rank()
+    if case is not None:
+        arguments["device_ids"] = None
+        arguments["output_device"] = None
+        _fired(DDP_DEVICE_IDS, case)
 
 
-def _running_test_id() -> str:
-    """The id of the test whose code is running: the nearest TestCase on the call stack."""
-    frame = inspect.currentframe()
-    while frame is not None:
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, unittest.TestCase):
-            return candidate.id()
-        frame = frame.f_back
-    return "(outside a test)"
-
-
-def _fired(key: str) -> None:
+def _fired(key: str, case: unittest.TestCase) -> None:
     """Tell the test's output (once per test) and the run's adaptation log that `key` fired."""
-    test_id = _running_test_id()
-    if (key, test_id) in _reported:
-        return
-    _reported.add((key, test_id))
+    test_id = case.id()
+    with _lock:
+        if (key, test_id) in _reported:
+            return
+        _reported.add((key, test_id))
     print(f"[harness] HARNESS_ALLOW_CPU: {ADAPTATIONS[key][0]}", file=sys.stderr, flush=True)
     path = os.environ.get(LOG_ENV)
     if path:

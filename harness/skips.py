@@ -274,7 +274,9 @@ def check_requirements(test_method: Callable, world_size: Any = None) -> None:
 def check_case_requirements(case: unittest.TestCase) -> None:
     """check_requirements for a case: its class's requirements, then its test method's.
 
-    The case's world size is read only when a requirement is per rank.
+    The case's world size is read only when a requirement is per rank. Called by the
+    multi-rank bases before their ranks start: when the CPU stands in for accelerators, this
+    process gets the CPU analogs of torch's accelerator defaults for the ranks it runs.
     """
     method = getattr(case, case._testMethodName, None)
     requirements = requirements_of(type(case)) + requirements_of(method)
@@ -284,3 +286,7 @@ def check_case_requirements(case: unittest.TestCase) -> None:
         reason = requirement.unmet_reason(world_size)
         if reason is not None:
             raise unittest.SkipTest(reason)
+    if devices.cpu_stands_in():
+        from harness import compat_cpu_defaults  # torch's FSDP/DDP: only when needed
+
+        compat_cpu_defaults.install()

@@ -38,6 +38,7 @@ FSDP1_IDS = {
         "test_only_cuda_broadcast",
     )
 }
+FSDP1_IDS["TestFSDP1ThreadRanksCPU.test_fsdp_without_device_id_in_threads_cpu"] = "pass"
 PLAIN_IDS = [
     "TestDTensorRequirements.test_backend_naming_nccl",
     "TestDTensorRequirements.test_skip_unless_torch_gpu",
@@ -57,7 +58,7 @@ DDP_LINE = (
     "are None for a CPU module"
 )
 FSDP1_SUMMARY = (
-    "CPU adaptations (HARNESS_ALLOW_CPU): FSDP1 device_id=cpu in 4 tests; "
+    "CPU adaptations (HARNESS_ALLOW_CPU): FSDP1 device_id=cpu in 5 tests; "
     "DDP device_ids=None in 3 tests"
 )
 
@@ -130,26 +131,39 @@ class UpstreamStyleFilesBothWays(unittest.TestCase):
 
 
 CHILD = textwrap.dedent('''
-    import os, sys, tempfile
+    import os, sys, tempfile, unittest
     import torch, torch.distributed as dist, torch.nn as nn
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.nn.parallel import DistributedDataParallel as DDP
     from harness import compat_cpu_defaults
 
+    BUILDS = [
+        ("fsdp", lambda: FSDP(nn.Linear(2, 2))),
+        ("ddp_rank", lambda: DDP(nn.Linear(2, 2), device_ids=[0], output_device=0)),
+        ("ddp_other", lambda: DDP(nn.Linear(2, 2), device_ids=[3])),
+    ]
+
+    def build_all(where):
+        for label, build in BUILDS:
+            try:
+                model = build()
+                device = getattr(model, "compute_device", getattr(model, "device", None))
+                print(where, label, "ok", device)
+            except Exception as error:
+                print(where, label, "error", str(error).splitlines()[0])
+
+    class Rank0(unittest.TestCase):  # what the adaptations look for: the running test's rank
+        rank = 0
+
+        def runTest(self):
+            build_all("rank")
+
     print("installed", compat_cpu_defaults.install())
     with tempfile.TemporaryDirectory() as folder:
         dist.init_process_group("gloo", init_method="file://" + os.path.join(folder, "rdv"),
                                 rank=0, world_size=1)
-        for label, build in [
-            ("fsdp", lambda: FSDP(nn.Linear(2, 2))),
-            ("ddp_rank", lambda: DDP(nn.Linear(2, 2), device_ids=[0], output_device=0)),
-            ("ddp_other", lambda: DDP(nn.Linear(2, 2), device_ids=[3])),
-        ]:
-            try:
-                model = build()
-                print(label, "ok", getattr(model, "compute_device", getattr(model, "device", None)))
-            except Exception as error:
-                print(label, "error", str(error).splitlines()[0])
+        Rank0().runTest()
+        build_all("outside")
         dist.destroy_process_group()
 ''')
 
@@ -169,22 +183,34 @@ class Adaptations(unittest.TestCase):
     def test_without_switch_torch_refuses_as_before(self):
         out = self.run_child({})
         self.assertIn("installed False", out)
-        self.assertIn("fsdp error FSDP needs a non-CPU accelerator device", out)
-        self.assertIn("ddp_rank error DistributedDataParallel device_ids and output_device", out)
+        self.assertIn("rank fsdp error FSDP needs a non-CPU accelerator device", out)
+        self.assertIn(
+            "rank ddp_rank error DistributedDataParallel device_ids and output_device", out
+        )
         self.assertNotIn("[harness]", out)
 
     def test_with_switch_cpu_analogs_and_one_line_each(self):
         out = self.run_child({"HARNESS_ALLOW_CPU": "1"})
         self.assertIn("installed True", out)
-        self.assertIn("fsdp ok cpu", out)
-        self.assertIn("ddp_rank ok cpu", out)
+        self.assertIn("rank fsdp ok cpu", out)
+        self.assertIn("rank ddp_rank ok cpu", out)
         self.assertEqual(out.count(FSDP_LINE), 1)
         self.assertEqual(out.count(DDP_LINE), 1)
+
+    def test_outside_a_rank_torch_refuses_as_before(self):
+        """Installed in a process, the analogs apply to ranks only, not to other code there."""
+        out = self.run_child({"HARNESS_ALLOW_CPU": "1"})
+        self.assertIn("outside fsdp error FSDP needs a non-CPU accelerator device", out)
+        self.assertIn(
+            "outside ddp_rank error DistributedDataParallel device_ids and output_device", out
+        )
 
     def test_device_ids_naming_another_device_keep_torch_error(self):
         """Only the rank's own device is adapted: any other still gets torch's own error."""
         out = self.run_child({"HARNESS_ALLOW_CPU": "1"})
-        self.assertIn("ddp_other error DistributedDataParallel device_ids and output_device", out)
+        self.assertIn(
+            "rank ddp_other error DistributedDataParallel device_ids and output_device", out
+        )
 
     def test_test_needing_an_accelerator_fails_with_torch_error(self):
         source = textwrap.dedent('''

@@ -317,10 +317,10 @@ class TestAllowCpu(unittest.TestCase):
             left = [n for n in os.listdir(tmp) if not n.startswith("torchinductor_")]
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         lines = proc.stdout.strip().splitlines()
-        self.assertEqual(lines[-1], "6 passed, 0 failed, 0 skipped")
+        self.assertEqual(lines[-1], "7 passed, 0 failed, 0 skipped")
         self.assertEqual(
             lines[-2],
-            "CPU adaptations (HARNESS_ALLOW_CPU): FSDP1 device_id=cpu in 4 tests; "
+            "CPU adaptations (HARNESS_ALLOW_CPU): FSDP1 device_id=cpu in 5 tests; "
             "DDP device_ids=None in 3 tests",
         )
         self.assertEqual(left, [])

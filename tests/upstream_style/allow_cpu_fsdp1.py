@@ -2,10 +2,11 @@
 """An upstream-style FSDP1 file written for GPUs, converted only by its imports.
 
 As upstream's FSDP1 files do: device-type instantiation with only_for=("cuda", "hpu") over
-FSDPTest, `skip_if_lt_x_gpu(2)` without allow_cpu, FSDP1 built without `device_id` (on a GPU
-it takes the current device) and a DDP reference with `device_ids=[self.rank]`. Without an
-accelerator every test skips (no class is even made); with HARNESS_ALLOW_CPU=1 they run on
-CPU with gloo. tests/test_allow_cpu.py runs it both ways.
+FSDPTest and FSDPTestMultiThread, `skip_if_lt_x_gpu(2)` without allow_cpu, FSDP1 built
+without `device_id` (on a GPU it takes the current device) and a DDP reference with
+`device_ids=[self.rank]`. Without an accelerator no class is even made (as upstream's
+harness does); with HARNESS_ALLOW_CPU=1 they run on CPU with gloo (threads: the threaded
+backend). tests/test_allow_cpu.py runs it both ways.
 """
 
 import copy
@@ -20,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness import (
     FSDPTest,
+    FSDPTestMultiThread,
     get_devtype,
     instantiate_device_type_tests,
     onlyCUDA,
@@ -116,7 +118,25 @@ class TestFSDP1OnAccelerators(FSDPTest):
         self.assertEqual(model(inp), plain(inp))
 
 
+class TestFSDP1ThreadRanks(FSDPTestMultiThread):
+    @property
+    def world_size(self):
+        return 2
+
+    @skip_if_lt_x_gpu(2)
+    def test_fsdp_without_device_id_in_threads(self, device):
+        """FSDP1 without device_id in rank threads trains as the unsharded model does."""
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        with torch.no_grad():  # the same values in every rank (thread ranks share one RNG)
+            for i, param in enumerate(model.parameters()):
+                param.copy_(torch.linspace(-1, 1, param.numel()).reshape(param.shape) / (i + 1))
+        reference = copy.deepcopy(model)
+        inputs = [torch.arange(32, dtype=torch.float32).reshape(4, 8) / 32] * 2
+        self.assertEqual(_train(FSDP(model), inputs), _train(reference, inputs))
+
+
 instantiate_device_type_tests(TestFSDP1OnAccelerators, globals(), only_for=("cuda", "hpu"))
+instantiate_device_type_tests(TestFSDP1ThreadRanks, globals(), only_for=("cuda", "hpu"))
 
 if __name__ == "__main__":
     run_tests()
