@@ -68,6 +68,7 @@ class MultiProcContinuousTest(MultiProcessTestCase):
     rdvz_file: Optional[str] = None
     pg: Any = None
     poison_pill: bool = False  # upstream's flag; never set here, a failing test fails alone
+    _sent_to: Optional[shared_ranks.SharedRanks] = None  # in the parent, until the test joins
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -145,29 +146,48 @@ class MultiProcContinuousTest(MultiProcessTestCase):
     # -- in the parent -------------------------------------------------------------------
 
     def _spawn_processes(self) -> None:
-        """Check the class can run; its ranks start with its first test (lazily)."""
+        """Check the class can run (its ranks start with its first test), then send the test
+        to them: they run it while the parent finishes its setUp."""
         if self._torchrun is not None or self.rank != MAIN_PROCESS_RANK:
             super()._spawn_processes()
             return
+        if self._sent_to is not None:
+            return
         check_case_requirements(self)
-        devices.checked_rank_settings(self)
+        world_size, _ = devices.checked_rank_settings(self)
         if "<locals>" in type(self).__qualname__:
             raise devices.HarnessConfigError(
                 f"{type(self).__qualname__} is defined inside a function: ranks re-create the "
                 "test by importing its class, so define it at module level"
             )
+        ranks = shared_ranks.ranks_of(type(self), world_size)
+        self.addCleanup(self._abandon_unjoined)  # the test never joined: its setUp failed later
+        ranks.send_test(self)
+        self._sent_to = ranks
+
+    def _abandon_unjoined(self) -> None:
+        """A test sent to the ranks but never joined leaves them out of step: stop them."""
+        if self._sent_to is not None:
+            shared_ranks.stop(type(self))
+            self._sent_to = None
 
     def _join_processes(self) -> None:
-        """Run the test on the class's ranks and turn their reports into its outcome."""
-        world_size, timeout = devices.checked_rank_settings(self)
-        ranks = shared_ranks.ranks_of(type(self), world_size)
-        records, timed_out = ranks.run_test(self, timeout)
+        """Wait for the class's ranks and turn their reports into this test's outcome."""
+        ranks, self._sent_to = self._sent_to, None
+        if ranks is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.setUp did not start the test: call super().setUp()"
+            )
+        timeout = self.timeout
+        records, timed_out = ranks.finish_test(self, timeout)
         self.rank_records = records
         apply_verdict(self, decide(records, timeout if timed_out else None))
 
-    # -- launched by torchrun: this process is the rank, each test has its own group ------
+    # -- both; launched by torchrun, this process is the rank and each test has its own group
 
     def setUp(self) -> None:
+        if self.rank == MAIN_PROCESS_RANK and self._torchrun is None:
+            self._spawn_processes()  # first, so the ranks start while the parent sets up
         super().setUp()
         if self._torchrun is not None:
             cls = type(self)

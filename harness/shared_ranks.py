@@ -39,25 +39,29 @@ class SharedRanks:
         self.world_size = world_size
         self.group: Optional[RankGroup] = None
         self.starts = 0  # how many sets were started (a new one after each broken one)
+        self._reused = False  # the current test went to ranks that ran an earlier one
 
-    def run_test(self, case: Any, timeout: float) -> Tuple[List[RankRecord], bool]:
-        """Run `case`'s test on the ranks; its records, and whether the timeout stopped them.
-
-        `case.file_name`, `init_method` and `processes` describe the run afterwards, as in
-        fresh mode.
-        """
-        method = case._testMethodName
+    def send_test(self, case: Any) -> None:
+        """Have the ranks start `case`'s test (starting them if there are none, or if they can
+        no longer be reached); `finish_test` collects it. Sent from the parent's setUp, so the
+        ranks begin while the parent finishes setting up."""
         group = self.group
-        reusable = group is not None and group.send_test(method)
-        if group is not None and not (reusable and group.wait_ready(READY_TIMEOUT_S)):
-            self.close()  # a broken set: run the test on new ranks instead
-            group = None
+        self._reused = group is not None and group.send_test(case._testMethodName)
+        if not self._reused:
+            self.close()
+            self._start(case).send_test(case._testMethodName)  # a rank gone: supervise says so
+        self._describe(case)
+
+    def finish_test(self, case: Any, timeout: float) -> Tuple[List[RankRecord], bool]:
+        """The test's records, and whether the timeout stopped the ranks."""
+        group = self.group
         if group is None:
+            raise RuntimeError(f"{type(case).__name__}: the test was not sent to the ranks")
+        if self._reused and not group.wait_ready(READY_TIMEOUT_S):
+            self.close()  # a broken set: run the test on new ranks instead
             group = self._start(case)
-            group.send_test(method)  # a rank gone already is reported by supervise
-        case.file_name = group.test_file()
-        case.init_method = f"file://{case.file_name}"
-        case.processes = group.processes
+            group.send_test(case._testMethodName)
+            self._describe(case)
         try:
             timed_out = group.supervise(timeout)
         except BaseException:  # KeyboardInterrupt, SIGTERM: no rank outlives the test
@@ -66,6 +70,13 @@ class SharedRanks:
         if not group.intact():
             self.close()
         return group.records, timed_out
+
+    def _describe(self, case: Any) -> None:
+        """`case.file_name`, `init_method` and `processes` describe the run, as in fresh mode."""
+        assert self.group is not None
+        case.file_name = self.group.test_file()
+        case.init_method = f"file://{case.file_name}"
+        case.processes = self.group.processes
 
     def _start(self, case: Any) -> RankGroup:
         group = RankGroup(self.world_size)

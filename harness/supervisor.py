@@ -109,8 +109,7 @@ class RankGroup:
     def send_test(self, method: str) -> bool:
         """Shared ranks: begin a round (fresh records and output files) and send every rank the
         test; False if a rank can no longer be reached."""
-        if self._round_begun:
-            self._forget_round()
+        previous = self._forget_round() if self._round_begun else []
         self._round_begun = True
         task_file = self.test_file()
         try:
@@ -118,16 +117,20 @@ class RankGroup:
                 pipe.send(Task(method, self.output_path(rank), task_file))
         except OSError:
             return False
+        finally:
+            for path in previous:  # once the ranks are busy: they need not wait for this
+                _remove(path)
         return True
 
-    def _forget_round(self) -> None:
-        for rank in range(len(self.records)):
-            _remove(self.output_path(rank))
-        _remove(f"{self.test_file()}.grid")  # the grid synchronisation's store
+    def _forget_round(self) -> List[str]:
+        """Move to the next round; the files of the one before, to remove."""
+        previous = [self.output_path(rank) for rank in range(len(self.records))]
+        previous.append(f"{self.test_file()}.grid")  # the grid synchronisation's store
         self.round += 1
         self.records = [RankRecord(r.rank, pid=r.pid) for r in self.records]
         self._stack_from = {}
         self._streamed = [0] * len(self.records)
+        return previous
 
     def wait_ready(self, timeout: float) -> bool:
         """Shared ranks: whether every rank got past its pre-test barrier within `timeout`."""

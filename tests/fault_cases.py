@@ -250,3 +250,16 @@ class SharedHang(_Shared):
 
     def test_1_case(self) -> None:
         hang_forever()
+
+
+class SharedParentSetUpFails(_Shared):
+    """The parent's setUp fails after the test was sent to the ranks."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        if self.rank == -1 and self._testMethodName == "test_1_case":
+            raise RuntimeError("the parent's setUp fails after sending the test")
+
+    def test_1_case(self) -> None:
+        note(f"case.{self.rank}", str(os.getpid()))
+        dist.all_reduce(torch.ones(1), group=self.pg)

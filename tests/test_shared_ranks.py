@@ -39,17 +39,20 @@ class SharedCaseTest(unittest.TestCase):
         patcher.start()
         self.addCleanup(patcher.stop)
 
-    def run_class(self, name: str) -> Tuple[Dict[str, Tuple[str, str]], RecordingResult]:
+    def run_class(
+        self, name: str, errors: int = 0
+    ) -> Tuple[Dict[str, Tuple[str, str]], RecordingResult]:
         """{test method: (outcome, message)} for every test of the class, in order."""
         cls = getattr(fault_cases, name)
         forkserver.context(cls.__module__)  # multiprocessing's own temp dir, made once, not here
         result = RecordingResult()
         with mock.patch.object(tempfile, "tempdir", self.tmp):
             unittest.TestLoader().loadTestsFromTestCase(cls).run(result)
-        self.assertEqual(result.errors, [], "the harness itself raised")
+        self.assertEqual(len(result.errors), errors, result.errors)
         self.assertEqual(result.testsRun, 2)
         outcomes: Dict[str, Tuple[str, str]] = {}
-        for kind, entries in (("failed", result.failures), ("skipped", result.skipped)):
+        kinds = (("failed", result.failures), ("skipped", result.skipped), ("error", result.errors))
+        for kind, entries in kinds:
             for test, message in entries:
                 method = getattr(test, "test_case", test)._testMethodName  # grid points too
                 outcomes.setdefault(method, (kind, ""))
@@ -175,6 +178,12 @@ class TestBrokenSets(SharedCaseTest):
         outcomes, _ = self.run_class("SharedDestroyedGroup")
         self.assertEqual(outcomes["test_1_case"], ("passed", ""))
         self.assertFalse(set(self.pids("case")) & set(self.pids("after")), "ranks were reused")
+
+    def test_parent_set_up_failing_after_sending_the_test(self) -> None:
+        outcomes, _ = self.run_class("SharedParentSetUpFails", errors=1)
+        kind, message = outcomes["test_1_case"]
+        self.assertEqual(kind, "error")
+        self.assertIn("the parent's setUp fails after sending the test", message)
 
 
 _SCRIPT = textwrap.dedent(
