@@ -13,8 +13,9 @@ is deciding when the set can no longer be trusted:
   within READY_TIMEOUT_S (a group a previous test left broken) is replaced, and the test
   runs on the new set: it is not the test's fault.
 
-Nothing outlives the class: `stop(cls)` (tearDownClass), `stop_all()` (the runner's cleanup,
-and at exit) kill the ranks and remove their private dir.
+Nothing outlives the class: `stop(cls)` (tearDownClass) and `stop_all()` (at exit, and for
+a runner stopped by a signal between two tests of a class) kill the ranks and remove their
+private dir; a test interrupted while it runs stops its class's ranks itself.
 """
 
 from __future__ import annotations

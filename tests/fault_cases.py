@@ -3,9 +3,9 @@
 tests/test_multiprocess.py runs them one by one and checks the outcome and message the
 harness reports; tests/test_shared_ranks.py runs the `Shared*` classes (the same cases in
 the shared-process mode, each followed in its class by `test_2_after`, which must pass).
-The module name does not match `test*.py`, so neither unittest
-discovery nor pytest collects these cases as tests of their own. Ranks that need to tell
-the checking test something (their pid, a temp path) write it under HARNESS_FAULT_DIR.
+The module name does not match `test*.py`, so neither unittest discovery nor pytest
+collects these cases as tests of their own. Ranks that need to tell the checking test
+something (their pid, a temp path) write it under HARNESS_FAULT_DIR.
 """
 
 from __future__ import annotations
