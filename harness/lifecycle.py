@@ -18,7 +18,7 @@ import threading
 from contextlib import contextmanager
 from typing import Dict, Iterator, Optional, Set
 
-from harness import forkserver
+from harness import forkserver, shared_ranks
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 CHILD_EXIT_WAIT_S = 5.0
@@ -93,6 +93,7 @@ def run_scope() -> Iterator[None]:
     finally:
         scope.closing = True
         try:
+            shared_ranks.stop_all()  # a class's ranks and private dir, when stopped between tests
             _stop_children(children_before)
             forkserver.stop_helpers(helpers_before)
         finally:

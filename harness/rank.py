@@ -21,6 +21,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import traceback
 import unittest
 from dataclasses import dataclass
@@ -226,7 +227,12 @@ def _die_with_parent(work_dir: str) -> None:
 
 def _clean_up_when_orphaned(sentinel: int, work_dir: str) -> None:
     wait([sentinel])
-    shutil.rmtree(work_dir, ignore_errors=True)
+    # A peer may still be creating its output file in the dir: remove until it stays gone.
+    for _ in range(50):
+        shutil.rmtree(work_dir, ignore_errors=True)
+        if not os.path.exists(work_dir):
+            break
+        time.sleep(0.01)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -15,6 +15,7 @@ harness/outcome.py's job.
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import shutil
 import signal
@@ -52,7 +53,9 @@ class RankGroup:
     """The rank processes of one test, from start to cleanup, and what they reported."""
 
     def __init__(self, world_size: int) -> None:
-        self.work_dir = tempfile.mkdtemp(prefix="harness-")  # mode 0700: private to this user
+        # Mode 0700, private to this user; inside multiprocessing's own temp dir, which the
+        # forkserver removes when the runner is killed, so not even a SIGKILL leaves it behind.
+        self.work_dir = tempfile.mkdtemp(prefix="harness-", dir=multiprocessing.util.get_temp_dir())
         self.file_name = os.path.join(self.work_dir, "rendezvous")
         os.close(os.open(self.file_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         self.temp_dir = os.path.join(self.work_dir, "tmp")
