@@ -28,9 +28,15 @@ from harness import (
 
 def _train_step(test, sharding_strategy, use_orig_params=False):
     """One FSDP step on the same input in every rank: every rank must see the same loss."""
-    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    # The same weights in every rank from a private generator: thread ranks share torch's
+    # global one, so seeding it in each rank would race.
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator))
     model = FSDP(
-        nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).to(test.device),
+        module.to(test.device),
         sharding_strategy=sharding_strategy, device_id=test.device,
         use_orig_params=use_orig_params,
     )
