@@ -11,7 +11,6 @@ setup(
     install_requires=[
         "torch>=2.4",
         "numpy>=1.24",  # torch's object collectives need it; the torch wheel does not require it
-        "parameterized>=0.9",
         "expecttest>=0.2",
         "unittest-xml-reporting>=3.2",
     ],
