@@ -28,7 +28,7 @@ from harness import compat_local_tensor, devices, shared_ranks
 from harness.fsdp import FSDPTestMixin
 from harness.multiprocess import MAIN_PROCESS_RANK, MultiProcessTestCase
 from harness.outcome import apply_verdict, decide
-from harness.skips import accelerators_suffice, check_case_requirements
+from harness.skips import accelerators_suffice
 
 
 class _DefaultWorldSize:
@@ -153,14 +153,7 @@ class MultiProcContinuousTest(MultiProcessTestCase):
             return
         if self._sent_to is not None:
             return
-        check_case_requirements(self)
-        world_size, _ = devices.checked_rank_settings(self)
-        if "<locals>" in type(self).__qualname__:
-            raise devices.HarnessConfigError(
-                f"{type(self).__qualname__} is defined inside a function: ranks re-create the "
-                "test by importing its class, so define it at module level"
-            )
-        ranks = shared_ranks.ranks_of(type(self), world_size)
+        ranks = shared_ranks.ranks_of(type(self), self._world_size_to_start())
         self.addCleanup(self._abandon_unjoined)  # the test never joined: its setUp failed later
         ranks.send_test(self)
         self._sent_to = ranks

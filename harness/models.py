@@ -14,7 +14,7 @@ import re
 import time
 from abc import ABC, abstractmethod
 from enum import Enum
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from unittest import mock
 
 import torch
@@ -163,16 +163,20 @@ class NestedWrappedModule(FSDPTestModel):
 
         if deterministic:
             torch.manual_seed(0)
-        self.module = nn.Sequential(
+        head = [
             _placed(nn.Linear(8, 4), move),
             wrapped(
                 nn.Sequential(
                     wrapped(_placed(nn.Linear(4, 16), move)), _placed(nn.Linear(16, 16), move)
                 )
             ),
-            wrapped(_placed(nn.Linear(16, 4), move)),
-            _placed(nn.Linear(4, 8), move),
-        )
+        ]
+        self.module = nn.Sequential(*head, *self._tail(wrapped, move))
+
+    @staticmethod
+    def _tail(wrapped: Callable[[nn.Module], nn.Module], move: bool) -> List[nn.Module]:
+        """The layers after the nested block (built after it: the seeded init order counts)."""
+        return [wrapped(_placed(nn.Linear(16, 4), move)), _placed(nn.Linear(4, 8), move)]
 
     def get_input(self, device: Union[torch.device, str]) -> Tuple[torch.Tensor]:
         """A (4, 8) batch, different per rank but the same every call.
@@ -247,34 +251,12 @@ class NonUniformReqGradNWM(NestedWrappedModule):
 
     REQ_GRAD_PATTERN = re.compile(r"module\.2.*\.1.*")
 
-    def __init__(
-        self,
-        group: dist.ProcessGroup,
-        wrap_fsdp: bool,
-        device_init_mode: DEVICEInitMode,
-        deterministic: bool,
-        **fsdp_kwargs: Any,
-    ) -> None:
-        nn.Module.__init__(self)
-        self.rank = group.rank()
-        self.world_size = group.size()
-        move = device_init_mode == DEVICEInitMode.DEVICE_BEFORE
-        kwargs = fsdp_kwargs_for_device(fsdp_kwargs) if wrap_fsdp else {}
-
-        def wrapped(layer: nn.Module) -> nn.Module:
-            return FSDP(layer, group, **kwargs) if wrap_fsdp else layer
-
-        if deterministic:
-            torch.manual_seed(0)
-        self.module = nn.Sequential(
-            _placed(nn.Linear(8, 4), move),
-            wrapped(
-                nn.Sequential(
-                    wrapped(_placed(nn.Linear(4, 16), move)), _placed(nn.Linear(16, 16), move)
-                )
-            ),
-            wrapped(nn.Sequential(_placed(nn.Linear(16, 4), move), _placed(nn.Linear(4, 8), move))),
-        )
+    @staticmethod
+    def _tail(wrapped: Callable[[nn.Module], nn.Module], move: bool) -> List[nn.Module]:
+        """The last two linears in one wrapped Sequential."""
+        return [
+            wrapped(nn.Sequential(_placed(nn.Linear(16, 4), move), _placed(nn.Linear(4, 8), move)))
+        ]
 
     @staticmethod
     def _set_nonuniform_req_grad(model: nn.Module, req_grad_mask: re.Pattern[str]) -> None:

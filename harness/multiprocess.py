@@ -112,14 +112,7 @@ class MultiProcessTestCase(TestCase):
             return
         if self.rank != MAIN_PROCESS_RANK or self._ranks is not None:
             return
-        check_case_requirements(self)
-        world_size, _ = devices.checked_rank_settings(self)
-        if "<locals>" in type(self).__qualname__:
-            raise devices.HarnessConfigError(
-                f"{type(self).__qualname__} is defined inside a function: ranks re-create the "
-                "test by importing its class, so define it at module level"
-            )
-        group = RankGroup(world_size)
+        group = RankGroup(self._world_size_to_start())
         self._ranks = group
         self.file_name = group.file_name
         self.init_method = f"file://{group.file_name}"
@@ -130,6 +123,21 @@ class MultiProcessTestCase(TestCase):
             self._close_ranks()
             raise
         self.processes = group.processes
+
+    def _world_size_to_start(self) -> int:
+        """The checks made in the parent before any rank starts; the number of ranks to start.
+
+        Unmet requirements and a world size of 0 skip; a bad world size or timeout, or a class
+        ranks cannot import, is a one-line config error.
+        """
+        check_case_requirements(self)
+        world_size, _ = devices.checked_rank_settings(self)
+        if "<locals>" in type(self).__qualname__:
+            raise devices.HarnessConfigError(
+                f"{type(self).__qualname__} is defined inside a function: ranks re-create the "
+                "test by importing its class, so define it at module level"
+            )
+        return world_size
 
     def _close_ranks(self) -> None:
         if self._ranks is not None:

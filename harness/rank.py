@@ -27,7 +27,7 @@ import unittest
 from dataclasses import dataclass
 from multiprocessing import parent_process
 from multiprocessing.connection import Connection, wait
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -61,14 +61,7 @@ def main(spec: RankSpec, channel: Connection) -> None:
     """Entry point of a rank process: run the test once and exit without interpreter teardown."""
     _set_up_process(spec)
     result = ForwardingResult(channel)
-    try:
-        case = load_case(spec)
-    except Exception:
-        channel.send(Event("failure", format_error(sys.exc_info())))
-    else:
-        case._rank_result = result
-        case.run(result)
-        result.grid_points = getattr(case, "_grid_points_run", 0)
+    _run_case(lambda: load_case(spec), result, channel)
     channel.send(Event("done", count=result.grid_points))
     _leave(channel)
 
@@ -143,18 +136,29 @@ def _meet(cls: Any, channel: Connection, number: int) -> bool:
 
 def _run_shared_test(cls: Any, spec: RankSpec, task: Task, channel: Connection) -> bool:
     """Run one test in a shared rank (already past the meeting); whether it passed here."""
-    result = ForwardingResult(channel, hold_success=True)
-    try:
-        case: Any = cls(task.method)
+    def make_case() -> Any:
+        case = cls(task.method)
         case._attach_rank(spec.rank, spec.world_size, task.file_name)
-    except Exception:
-        channel.send(Event("failure", format_error(sys.exc_info())))
-    else:
-        case._rank_result = result
-        case.run(result)
-        result.grid_points = getattr(case, "_grid_points_run", 0)
+        return case
+
+    result = ForwardingResult(channel, hold_success=True)
+    _run_case(make_case, result, channel)
     channel.send([*result.held, Event("done", count=result.grid_points)])  # one message
     return result.passed
+
+
+def _run_case(
+    make_case: Callable[[], Any], result: ForwardingResult, channel: Connection
+) -> None:
+    """Build the rank's case and run it; a case that cannot even be built is a failure."""
+    try:
+        case = make_case()
+    except Exception:
+        channel.send(Event("failure", format_error(sys.exc_info())))
+        return
+    case._rank_result = result
+    case.run(result)
+    result.grid_points = getattr(case, "_grid_points_run", 0)
 
 
 def _set_up_process(spec: RankSpec) -> None:
