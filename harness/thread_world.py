@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -76,8 +76,9 @@ class ThreadedWorld:
         self._sync_labels: dict[int, str] = {}
         self._sync_generation = 0
         self._sync_agreed: dict[int, bool] = {}  # generation -> every rank had the same label
-        # rank -> its latest collectives (call, group name, number on the group, inputs), so a
-        # hang report can say where each rank is; bounded, and without tensor references.
+        # rank -> its latest collectives (call, name, group name, number on the group, its place
+        # in the group), so a hang report can say where each rank is; bounded. A completed
+        # call drops its payloads (below), so the log holds no tensor once a call is done.
         self._entered: dict[int, deque] = {r: deque(maxlen=ENTERED_KEPT) for r in range(world_size)}
 
     # --- aborting and leaving -------------------------------------------------------
@@ -108,7 +109,6 @@ class ThreadedWorld:
         """Deposit this rank's payload for its next call on the group; the last rank computes."""
         group_rank = members.index(global_rank)
         _settle_streams(payload)  # this rank's inputs are ready before another thread reads them
-        inputs = _tensor_specs(payload)
         with self._cond:
             if self._failure is not None:
                 raise RankReleased(f"{name} on rank {global_rank}: run aborted: {self._failure}")
@@ -128,7 +128,7 @@ class ThreadedWorld:
                     f"{name}({', '.join(str(s) for s in signature)})"
                 )
                 self._cond.notify_all()
-            self._entered[global_rank].append((coll, name, group_key[0], seq + 1, inputs))
+            self._entered[global_rank].append((coll, name, group_key[0], seq + 1, group_rank))
             coll.payloads[group_rank] = payload
             coll.arrived[group_rank] = True
             last = all(coll.arrived)
@@ -150,6 +150,8 @@ class ThreadedWorld:
         with self._cond:
             coll.error = error
             coll.done = True
+            if error is None:  # a failed call keeps them: its report shows what each rank sent
+                coll.payloads = [None] * len(coll.payloads)
             callbacks, coll.callbacks = coll.callbacks, []
             self._cond.notify_all()
         for callback in callbacks:
@@ -194,11 +196,12 @@ class ThreadedWorld:
                 group=DEFAULT_GROUP if group == DEFAULT_GROUP_NAME else f"group {group}",
                 seq=seq,
                 inputs=tuple(
-                    tensor_text(str(dtype).replace("torch.", ""), shape) for dtype, shape in inputs
+                    tensor_text(str(t.dtype).replace("torch.", ""), t.shape)
+                    for t in _tensors_in(coll.payloads[group_rank])
                 ),
                 completed=coll.done and coll.error is None,
             )
-            for coll, name, group, seq, inputs in entries
+            for coll, name, group, seq, group_rank in entries
         ]
 
     def _blocker(self, coll: Collective) -> Optional[str]:
@@ -261,11 +264,6 @@ def _tensors_in(payload: Any) -> Iterator[torch.Tensor]:
             yield item
         elif isinstance(item, (list, tuple)):
             stack.extend(reversed(item))
-
-
-def _tensor_specs(payload: Any) -> Tuple[Tuple[torch.dtype, torch.Size], ...]:
-    """(dtype, shape) of each tensor of a payload: enough to describe it, no tensor held."""
-    return tuple((t.dtype, t.shape) for t in _tensors_in(payload))
 
 
 def _settle_streams(payload: Any) -> None:
