@@ -68,7 +68,7 @@ def _create_fake_pg(common_opts: Any, backend_opts: Any) -> Any:
 
 
 def register_fake_backend() -> None:
-    """Make `init_process_group("fake", ...)` work without importing torch.testing._internal.
+    """Make `init_process_group("fake", ...)` work without importing PyTorch's test utilities.
 
     torch registers its fake backend only when its private test module is imported;
     registering again under the same name is what that module does too, so either order

@@ -2,7 +2,7 @@
 
 A generic test class becomes one class per device type, `<Class>CPU` (and `<Class>CUDA`
 where GPUs are used), defined in the caller's module, with methods named as upstream's
-(torch.testing._internal.common_device_type): `test_x_cpu`, `test_x_<params>_cpu`,
+(upstream's common_device_type): `test_x_cpu`, `test_x_<params>_cpu`,
 `test_x_cpu_float32`; each receives `device` (and `dtype` under `@dtypes`) when it takes it.
 
 The device class puts `DeviceTypeTestBase` (a harness `TestCase`) before the generic class,

@@ -1,7 +1,7 @@
 """Small models the FSDP suites build, wrap and train: upstream common_fsdp's test models.
 
 They keep upstream's structure, parameter counts, ``init`` signatures, inputs and losses, so a
-test file written against ``torch.testing._internal.common_fsdp`` builds the same models here.
+test file written against upstream's ``common_fsdp`` builds the same models here.
 Placement follows the harness device: ``DEVICE_BEFORE``/``DEVICE_AFTER`` mean "the rank's
 current device", the current CUDA device on accelerators and the CPU otherwise, and on CPU the
 models hand FSDP1 the CPU as its ``device_id`` (FSDP1 refuses a CPU module otherwise), so the

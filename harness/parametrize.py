@@ -2,7 +2,7 @@
 
 `parametrize` marks a test function; `instantiate_parametrized_tests` (or
 `instantiate_device_type_tests`, harness/device_type.py) replaces it with one method per
-combination. The generated names are exactly upstream's (torch.testing._internal), so a
+combination. The generated names are exactly upstream's (PyTorch's common_utils), so a
 migrated file keeps its test ids, skip lists and `-k` filters: ints, floats, strs and
 bools as `name_value` ('.' -> '_'), dtypes by short name, devices as str, anything else
 as `name<index>`; a `subtest` name or `name_fn` wins; stacked decorators join their
