@@ -208,9 +208,21 @@ class NestedWrappedModule(FSDPTestModel):
     ) -> nn.Module:
         """Build the model; ``RECURSIVE`` wraps the nested layers (not the top level)."""
         mode = _resolve_device_mode(device_init_mode, cuda_init_mode)
+        return NestedWrappedModule._build(group, fsdp_init_mode, mode, fsdp_kwargs, deterministic)
+
+    @classmethod
+    def _build(
+        cls,
+        group: dist.ProcessGroup,
+        fsdp_init_mode: FSDPInitMode,
+        mode: DEVICEInitMode,
+        fsdp_kwargs: Optional[Dict[str, Any]],
+        deterministic: bool,
+    ) -> nn.Module:
+        """`init` of this class and its variants: nested FSDP (no top level) or none."""
         if _check_fsdp_mode(fsdp_init_mode) == FSDPInitMode.NO_FSDP:
-            return NestedWrappedModule(group, False, mode, deterministic)
-        model = NestedWrappedModule(group, True, mode, deterministic, **(fsdp_kwargs or {}))
+            return cls(group, False, mode, deterministic)
+        model = cls(group, True, mode, deterministic, **(fsdp_kwargs or {}))
         if mode == DEVICEInitMode.DEVICE_AFTER:
             model = model.to(current_device())
         return model
@@ -276,12 +288,7 @@ class NonUniformReqGradNWM(NestedWrappedModule):
     ) -> nn.Module:
         """Build it (``RECURSIVE``: nested FSDP, no top level) and freeze all but ``module.2.1``."""
         mode = _resolve_device_mode(device_init_mode, cuda_init_mode)
-        if _check_fsdp_mode(fsdp_init_mode) == FSDPInitMode.NO_FSDP:
-            model: nn.Module = NonUniformReqGradNWM(group, False, mode, deterministic)
-        else:
-            model = NonUniformReqGradNWM(group, True, mode, deterministic, **(fsdp_kwargs or {}))
-            if mode == DEVICEInitMode.DEVICE_AFTER:
-                model = model.to(current_device())
+        model = NonUniformReqGradNWM._build(group, fsdp_init_mode, mode, fsdp_kwargs, deterministic)
         NonUniformReqGradNWM._set_nonuniform_req_grad(model, NonUniformReqGradNWM.REQ_GRAD_PATTERN)
         return model
 
