@@ -5,12 +5,12 @@
 
 Exit code: 0 when nothing failed, 1 when a test failed, 2 on bad input. Under
 `torchrun --nproc-per-node N run_all.py ...` each process is one rank and rank 0 reports.
-The command line lives in harness/cli.py, the engine in harness/engine.py.
+The command line lives in harness/runner/cli.py, the engine in harness/runner/engine.py.
 """
 
 import sys
 
-from harness.cli import run_all_main
+from harness.runner.cli import run_all_main
 
 if __name__ == "__main__":
     sys.exit(run_all_main())

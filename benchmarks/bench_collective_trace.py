@@ -26,8 +26,9 @@ import torch.distributed as dist
 if __name__ == "__main__":  # rank processes import this module too: keep them quiet
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness import FSDPTest, FSDPTestMultiThread, thread_world  # noqa: E402
-from harness.compat_flight_recorder import BUFFER_SIZE_ENV  # noqa: E402
+from harness import FSDPTest, FSDPTestMultiThread  # noqa: E402
+from harness.compat.flight_recorder import BUFFER_SIZE_ENV  # noqa: E402
+from harness.threads import world as thread_world
 
 COLLECTIVES_ENV = "BENCH_COLLECTIVES"
 

@@ -4,7 +4,6 @@ Every public name is importable from here (`from harness import FSDPTest`); the 
 module map says where each one lives.
 """
 
-from harness.continuous import FSDPTestContinuous, MultiProcContinuousTest
 from harness.device_type import (
     DeviceTypeTestBase,
     deviceCountAtLeast,
@@ -22,7 +21,7 @@ from harness.device_type import (
 )
 from harness.devices import TEST_CUDA, TEST_MULTIGPU, HarnessConfigError
 from harness.dist_utils import captured_output, with_dist_debug_levels
-from harness.dtensor import (
+from harness.kit.dtensor import (
     DEVICE_TYPE,
     NUM_DEVICES,
     PG_BACKEND,
@@ -49,7 +48,7 @@ from harness.dtensor import (
     with_comms,
     with_temp_dir,
 )
-from harness.dtensor_models import (
+from harness.kit.dtensor_models import (
     Attention,
     ExpertLayer,
     ExpertParallel,
@@ -64,9 +63,9 @@ from harness.dtensor_models import (
     Transformer,
     TransformerBlock,
 )
-from harness.fsdp import FSDPTest, FSDPTestMixin, FSDPTestMultiThread
-from harness.fsdp1_grads import assert_fsdp1_grads_equal, fsdp1_full_grads, named_grads
-from harness.fsdp_helpers import (
+from harness.kit.fsdp import FSDPTest, FSDPTestMixin, FSDPTestMultiThread
+from harness.kit.fsdp1_grads import assert_fsdp1_grads_equal, fsdp1_full_grads, named_grads
+from harness.kit.fsdp_helpers import (
     DummyProcessGroup,
     _assert_module_states,
     _broadcast_state_dict,
@@ -89,7 +88,7 @@ from harness.fsdp_helpers import (
     reduce_scatter_with_assert,
     subtest_name,
 )
-from harness.models import (
+from harness.kit.models import (
     MLP,
     AlwaysWrapNestedWrappedModule,
     CUDAInitMode,
@@ -109,15 +108,15 @@ from harness.models import (
     SkipModule,
     TransformerWithSharedParams,
 )
-from harness.multiprocess import MAIN_PROCESS_RANK, DistributedTestBase, MultiProcessTestCase
-from harness.multithread import MultiThreadedTestCase
 from harness.parametrize import (
     instantiate_parametrized_tests,
     parametrize,
     run_subtests,
     subtest,
 )
-from harness.runner import run_tests
+from harness.process.case import MAIN_PROCESS_RANK, DistributedTestBase, MultiProcessTestCase
+from harness.process.continuous import FSDPTestContinuous, MultiProcContinuousTest
+from harness.runner.main import run_tests
 from harness.skips import (
     IS_FBCODE,
     TEST_HPU,
@@ -137,6 +136,7 @@ from harness.skips import (
     skipIfRocm,
 )
 from harness.testcase import TestCase
+from harness.threads.case import MultiThreadedTestCase
 
 __all__ = [
     "AlwaysWrapNestedWrappedModule",

@@ -287,6 +287,8 @@ def check_case_requirements(case: unittest.TestCase) -> None:
         if reason is not None:
             raise unittest.SkipTest(reason)
     if devices.cpu_stands_in():
-        from harness import compat_cpu_defaults  # torch's FSDP/DDP: only when needed
+        from harness.compat import (
+            cpu_defaults as compat_cpu_defaults,  # torch's FSDP/DDP: only when needed
+        )
 
         compat_cpu_defaults.install()

@@ -28,7 +28,7 @@ import expecttest
 import torch
 from torch import nn
 
-from harness.compat_comparison import unrelated_tensors_mismatch
+from harness.compat.comparison import unrelated_tensors_mismatch
 from harness.parametrize import run_subtests
 from harness.skips import check_case_requirements
 

@@ -22,9 +22,10 @@ from torch.distributed.fsdp.fully_sharded_data_parallel import (
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness import TEST_WITH_DEV_DBG_ASAN, FSDPTest, compat, run_tests, skip_if_lt_x_gpu
+from harness import TEST_WITH_DEV_DBG_ASAN, FSDPTest, run_tests, skip_if_lt_x_gpu
+from harness.compat import torch_internals as compat
 from harness.devices import default_world_size
-from harness.fsdp1_grads import assert_fsdp1_grads_equal, named_grads
+from harness.kit.fsdp1_grads import assert_fsdp1_grads_equal, named_grads
 
 if not dist.is_available():
     print("Distributed not available, skipping tests", file=sys.stderr)

@@ -20,13 +20,13 @@ from harness import (
     MLP,
     FSDPTest,
     check_sharded_parity,
-    compat,
     patch_reduce_scatter,
     patch_register_post_backward_hook_backward,
     reduce_scatter_with_assert,
     run_tests,
     skip_if_lt_x_gpu,
 )
+from harness.compat import torch_internals as compat
 from harness.devices import default_world_size
 
 

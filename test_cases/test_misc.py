@@ -47,13 +47,13 @@ from harness import (
     NestedWrappedModule,
     TransformerWithSharedParams,
     _assert_module_states,
-    compat,
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
     skip_if_lt_x_gpu,
 )
-from harness.fsdp1_grads import assert_fsdp1_grads_equal, named_grads
+from harness.compat import torch_internals as compat
+from harness.kit.fsdp1_grads import assert_fsdp1_grads_equal, named_grads
 
 if not dist.is_available():
     raise unittest.SkipTest("torch.distributed is not available")

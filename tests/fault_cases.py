@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from harness import devices
-from harness.continuous import MultiProcContinuousTest
-from harness.multiprocess import MultiProcessTestCase
+from harness.process.case import MultiProcessTestCase
+from harness.process.continuous import MultiProcContinuousTest
 from harness.skips import TEST_SKIPS, skip_if_lt_x_gpu
 
 FAULT_DIR_ENV = "HARNESS_FAULT_DIR"

@@ -21,7 +21,8 @@ from unittest import mock
 
 import torch
 
-from harness import compat_cpu_defaults, devices
+from harness import devices
+from harness.compat import cpu_defaults as compat_cpu_defaults
 from tests.fixtures import REPO, child_env
 
 STYLE_DIR = REPO / "tests" / "upstream_style"
@@ -135,7 +136,7 @@ CHILD = textwrap.dedent('''
     import torch, torch.distributed as dist, torch.nn as nn
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from harness import compat_cpu_defaults
+    from harness.compat import cpu_defaults as compat_cpu_defaults
 
     BUILDS = [
         ("fsdp", lambda: FSDP(nn.Linear(2, 2))),

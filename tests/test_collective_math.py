@@ -1,6 +1,6 @@
-"""harness.collective_math: what each collective computes from every rank's payload.
+"""harness.threads.collective_math: what each collective computes from every rank's payload.
 
-Payloads are built the way harness/threaded_pg.py builds them, one per rank in group-rank
+Payloads are built the way harness/threads/backend.py builds them, one per rank in group-rank
 order; results are checked against values worked out by hand.
 """
 
@@ -12,7 +12,7 @@ from typing import List
 import torch
 import torch.distributed as dist
 
-from harness import collective_math as cm
+from harness.threads import collective_math as cm
 
 # Three ranks' inputs of one all_reduce; every result below is exact in int64 and float32.
 RANK_VALUES = ([1, 6, 3], [4, 2, 5], [2, 3, 7])

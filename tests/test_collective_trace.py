@@ -10,8 +10,8 @@ import tempfile
 import textwrap
 import unittest
 
-from harness import collective_trace
-from harness.collective_trace import CollectiveCall
+from harness.launch import collective_trace
+from harness.launch.collective_trace import CollectiveCall
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

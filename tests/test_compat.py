@@ -1,4 +1,4 @@
-"""harness.compat: every private torch lookup resolves in the installed torch."""
+"""harness.compat.torch_internals: every private torch lookup resolves in the installed torch."""
 
 import os
 import subprocess
@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import ShardingStrategy
 
-from harness import compat
+from harness.compat import torch_internals as compat
 
 
 class CompatTest(unittest.TestCase):

@@ -1,4 +1,4 @@
-"""harness.compat_local_tensor: each private torch hook the DTensor kit uses still works here."""
+"""harness.compat.local_tensor: each private torch hook the DTensor kit uses still works here."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
-from harness import compat_local_tensor as compat
+from harness.compat import local_tensor as compat
 
 
 def _one_rank_group(test: unittest.TestCase) -> None:

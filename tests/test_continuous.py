@@ -18,9 +18,13 @@ import torch
 import torch.distributed as dist
 
 from harness import devices
-from harness.continuous import FSDPTestContinuous, MultiProcContinuousTest, class_device_type
 from harness.device_type import instantiate_device_type_tests
-from harness.multiprocess import MAIN_PROCESS_RANK
+from harness.process.case import MAIN_PROCESS_RANK
+from harness.process.continuous import (
+    FSDPTestContinuous,
+    MultiProcContinuousTest,
+    class_device_type,
+)
 from harness.skips import skip_if_lt_x_gpu
 from tests.test_fsdp import UPSTREAM_STYLE, run_script
 
@@ -150,7 +154,7 @@ class TestClassAPI(unittest.TestCase):
 
         case = TooManyGPUs("test_never_runs")
         result = unittest.TestResult()
-        with mock.patch("harness.supervisor.RankGroup.start") as start:
+        with mock.patch("harness.process.supervisor.RankGroup.start") as start:
             case.run(result)
         self.assertEqual([], result.errors + result.failures)
         self.assertEqual(1, len(result.skipped))

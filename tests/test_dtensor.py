@@ -20,8 +20,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
-from harness import compat_local_tensor, devices
-from harness.dtensor import (
+from harness import devices
+from harness.compat import local_tensor as compat_local_tensor
+from harness.kit.dtensor import (
     DTensorContinuousTestBase,
     DTensorOpTestBase,
     DTensorTestBase,
@@ -44,7 +45,7 @@ from harness.dtensor import (
     with_comms,
     with_temp_dir,
 )
-from harness.multiprocess import MAIN_PROCESS_RANK
+from harness.process.case import MAIN_PROCESS_RANK
 from tests.upstream_style.dtensor_driver import rewrite_for_upstream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -528,7 +529,7 @@ class TestRewriteForUpstream(unittest.TestCase):
         source = (
             "import torch\n"
             "from harness import (\n    DTensorTestBase,\n    run_tests,\n    with_comms,\n)\n"
-            "from harness.compat_local_tensor import AsyncCollectiveTensor\n"
+            "from harness.compat.local_tensor import AsyncCollectiveTensor\n"
         )
         self.assertEqual(rewrite_for_upstream(source), (
             "import torch\n"

@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed._tensor import common_dtensor as upstream
 
-from harness import dtensor_models as ours
+from harness.kit import dtensor_models as ours
 
 ARGS = [
     {},

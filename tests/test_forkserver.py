@@ -1,4 +1,4 @@
-"""harness.forkserver: a runner stops the helpers it started; a killed runner's forkserver
+"""harness.process.forkserver: a runner stops the helpers it started; a killed runner's forkserver
 cleans up after it.
 
 Each test runs a small script (written to a temp dir) in a fresh interpreter with a private
@@ -30,12 +30,12 @@ import multiprocessing
 import os
 import sys
 
-from harness import forkserver
+from harness.process import forkserver
 
 
 def start_forkserver():
     """Start the forkserver as a multi-process test does; check that it forks a child."""
-    ctx = forkserver.context("harness.rank")
+    ctx = forkserver.context("harness.process.rank")
     child = ctx.Process(target=os.getpid)
     child.start()
     child.join()
@@ -97,7 +97,7 @@ if __name__ == "__main__":
     os.kill(pid, signal.SIGHUP)
     time.sleep(0.5)
     survived = os.waitpid(pid, os.WNOHANG) == (0, 0)
-    ctx = forkserver.context("harness.rank")
+    ctx = forkserver.context("harness.process.rank")
     child = ctx.Process(target=rank_has_default_stop_signals)
     child.start()
     child.join()

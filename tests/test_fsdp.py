@@ -18,11 +18,11 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from harness import devices
-from harness.fsdp import FSDPTest
-from harness.fsdp_helpers import get_full_params
-from harness.models import DEVICEInitMode, FSDPInitMode, NestedWrappedModule
-from harness.multiprocess import MAIN_PROCESS_RANK
+from harness.kit.fsdp import FSDPTest
+from harness.kit.fsdp_helpers import get_full_params
+from harness.kit.models import DEVICEInitMode, FSDPInitMode, NestedWrappedModule
 from harness.parametrize import instantiate_parametrized_tests, parametrize
+from harness.process.case import MAIN_PROCESS_RANK
 from harness.skips import skip_if_lt_x_gpu
 
 

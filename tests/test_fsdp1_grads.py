@@ -1,4 +1,4 @@
-"""harness/fsdp1_grads.py: FSDP1's unsharded gradients equal DDP's, and a wrong one is caught."""
+"""harness/kit/fsdp1_grads.py: FSDP1's unsharded gradients equal DDP's; a wrong one is caught."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from torch.distributed.fsdp import ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness.fsdp import FSDPTest
-from harness.fsdp1_grads import assert_fsdp1_grads_equal, fsdp1_full_grads, named_grads
+from harness.kit.fsdp import FSDPTest
+from harness.kit.fsdp1_grads import assert_fsdp1_grads_equal, fsdp1_full_grads, named_grads
 from harness.testcase import TestCase
 
 

@@ -1,4 +1,4 @@
-"""harness/fsdp_helpers.py: the helpers detect what they claim and patch what FSDP calls."""
+"""harness/kit/fsdp_helpers.py: the helpers detect what they claim and patch what FSDP calls."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import fully_shard
 
-from harness import compat, devices
-from harness.fsdp import FSDPTest
-from harness.fsdp_helpers import (
+from harness import devices
+from harness.compat import torch_internals as compat
+from harness.kit.fsdp import FSDPTest
+from harness.kit.fsdp_helpers import (
     DummyProcessGroup,
     _assert_module_states,
     _broadcast_state_dict,
@@ -162,7 +163,7 @@ class TestHelpersSingleProcess(TestCase):
         self.assertIs(fully_shard, globals()["fully_shard"], "the global was not restored")
         # The variant shards, then compiles only instances of compile_compute_on_module.
         relu, linear = nn.ReLU(), nn.Linear(2, 2)
-        with mock.patch("harness.fsdp_helpers.fully_shard", side_effect=lambda m, **k: m) as fs:
+        with mock.patch("harness.kit.fsdp_helpers.fully_shard", side_effect=lambda m, **k: m) as fs:
             self.assertIs(relu, compiled_variant(relu, mesh="mesh"))
             compiled_variant(linear)
         calls = [(call.args, call.kwargs) for call in fs.call_args_list]

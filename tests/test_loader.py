@@ -1,4 +1,4 @@
-"""harness.loader: -k matching, selection errors, shards and repeats, and suites that skip
+"""harness.runner.loader: -k matching, selection errors, shards and repeats, and suites that skip
 or fail at import."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Tuple
 
-from harness.loader import UsageError, load_module, name_matcher, repeat, select, shard
-from harness.records import Collector, RunRecord
+from harness.runner.loader import UsageError, load_module, name_matcher, repeat, select, shard
+from harness.runner.records import Collector, RunRecord
 
 
 class _Named(unittest.TestCase):

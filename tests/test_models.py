@@ -1,4 +1,4 @@
-"""Tests for harness/models.py: upstream parity, shapes, placement, determinism, wrapping and
+"""Tests for harness/kit/models.py: upstream parity, shapes, placement, determinism, wrapping and
 bad input."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import enable_wrap
 from torch.distributed.tensor import DTensor
 
-from harness import compat
-from harness.models import (
+from harness.compat import torch_internals as compat
+from harness.kit.models import (
     MLP,
     AlwaysWrapNestedWrappedModule,
     CUDAInitMode,

@@ -21,9 +21,10 @@ from unittest import mock
 
 import torch.distributed as dist
 
-from harness import devices, torchrun
+from harness import devices
 from harness.devices import HarnessConfigError
-from harness.multiprocess import DistributedTestBase, MultiProcessTestCase
+from harness.process import torchrun
+from harness.process.case import DistributedTestBase, MultiProcessTestCase
 from harness.skips import TEST_SKIPS, skip_if_no_gpu
 from tests import fault_cases
 from tests.fault_cases import FAULT_DIR_ENV
@@ -370,7 +371,7 @@ SCRIPT_SUITE = """
 import os
 import unittest
 
-from harness.multiprocess import MultiProcessTestCase
+from harness.process.case import MultiProcessTestCase
 
 IMPORTED_BY = os.getpid()
 

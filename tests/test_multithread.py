@@ -18,10 +18,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from harness import devices
-from harness.fsdp import FSDPTestMultiThread
-from harness.multithread import MultiThreadedTestCase
+from harness.kit.fsdp import FSDPTestMultiThread
 from harness.skips import requires_nccl, skip_if_lt_x_gpu, skip_if_no_gpu
 from harness.testcase import TestCase
+from harness.threads.case import MultiThreadedTestCase
 
 
 def run_case(cls: type, method: str) -> Tuple[unittest.TestResult, MultiThreadedTestCase]:

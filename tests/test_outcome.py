@@ -1,4 +1,4 @@
-"""harness.outcome: every rank's record, turned into one outcome by DESIGN.md's rules.
+"""harness.launch.outcome: every rank's record, turned into one outcome by DESIGN.md's rules.
 
 Records and events are built by hand, so each rule (pass, raise, signal, exit code, skip,
 timeout, failing grid point) is checked without starting a process.
@@ -10,7 +10,7 @@ import pickle
 import unittest
 from typing import Any, Dict, Tuple
 
-from harness.outcome import (
+from harness.launch.outcome import (
     OUTPUT_TAIL_LINES,
     Event,
     RankRecord,
@@ -320,7 +320,7 @@ class ApplyVerdict(unittest.TestCase):
         failed, text = result.failures[0]
         self.assertIs(failed, case)
         self.assertIn("AssertionError: rank 1 exited with code 3", text)
-        self.assertNotIn("harness/outcome.py", text)  # the harness's own frames are hidden
+        self.assertNotIn("harness/launch/outcome.py", text)  # the harness's own frames are hidden
 
     def test_skip(self) -> None:
         result, case = self.run_case(Verdict("skip", "needs 8 GPUs", [], 0))

@@ -1,11 +1,11 @@
-"""harness.records: one record per test, merged across ranks, grid points folded."""
+"""harness.runner.records: one record per test, merged across ranks, grid points folded."""
 
 from __future__ import annotations
 
 import io
 import unittest
 
-from harness.records import RunRecord, Tally, fold_grid_points, merge_ranks
+from harness.runner.records import RunRecord, Tally, fold_grid_points, merge_ranks
 
 
 class RunRecords(unittest.TestCase):

@@ -20,7 +20,7 @@ import unittest
 from typing import Any, Dict, List, Tuple
 from unittest import mock
 
-from harness import forkserver
+from harness.process import forkserver
 from harness.skips import TEST_SKIPS
 from tests import fault_cases
 from tests.fault_cases import FAULT_DIR_ENV

@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from harness import lifecycle
+from harness.runner import lifecycle
 from tests.fixtures import REPO, child_env
 
 WAIT_S = 240.0  # to start torch, the forkserver and the ranks on a loaded 2-core machine

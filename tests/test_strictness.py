@@ -1,7 +1,8 @@
 """Strictness of the FSDP suites: break FSDP on purpose, and the suites must fail.
 
 Covers test_cases/test_misc.py, test_fine_tune.py, test_fully_shard_frozen.py,
-test_exec_order.py and test_checkpoint_fine_tuning.py. Each fault in ``harness.compat.FAULTS``
+test_exec_order.py and test_checkpoint_fine_tuning.py. Each fault in
+``harness.compat.torch_internals.FAULTS``
 breaks one thing those suites promise to check (gradients reduced to the wrong value,
 sync_module_states doing nothing, the execution-order validation, DCP loading, ...). A test
 runs the suite tests that guard against its fault in a fresh interpreter with the fault
@@ -40,7 +41,7 @@ RUN_TIMEOUT_S = 600
 _SITECUSTOMIZE = f"""\
 import os
 
-from harness import compat
+from harness.compat import torch_internals as compat
 
 compat.install_fault(os.environ[{FAULT_ENV!r}])
 """

@@ -1,10 +1,10 @@
-"""harness.thread_warnings: each rank thread captures and filters its own warnings."""
+"""harness.threads.warning_filters: each rank thread captures and filters its own warnings."""
 
 import threading
 import unittest
 import warnings
 
-from harness.thread_warnings import per_thread_warnings
+from harness.threads.warning_filters import per_thread_warnings
 
 
 class PerThreadWarningsTest(unittest.TestCase):

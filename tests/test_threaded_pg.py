@@ -21,8 +21,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from harness import compat, thread_world, threaded_pg
+from harness.compat import torch_internals as compat
 from harness.testcase import TestCase
+from harness.threads import backend as threaded_pg
+from harness.threads import world as thread_world
 
 WORLD_SIZES = (1, 2, 3, 4)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int64)

@@ -18,7 +18,7 @@ from harness import (
     skip_unless_torch_gpu,
     with_comms,
 )
-from harness.compat_local_tensor import AsyncCollectiveTensor
+from harness.compat.local_tensor import AsyncCollectiveTensor
 
 
 class DTensorTest(DTensorTestBase):

@@ -1,0 +1,1 @@
+"""The FSDP and DTensor kit: their test bases, models and parity helpers."""

@@ -1,0 +1,250 @@
+"""What ranks report to their parent, and the rules that turn all reports into one outcome.
+
+Kept free of process handling so the rules of DESIGN.md (what counts as a failure, a skip
+or a timeout, and what the message says) can be read, and tested, in one place.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import unittest
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, NamedTuple, Optional
+
+from harness.launch.collective_trace import CollectiveCall, collectives_section, disagreement
+from harness.skips import SKIP_BY_EXIT_CODE
+
+# unittest hides frames of modules that define this: a verdict's report is the ranks' story,
+# not the frames that raise it here.
+__unittest = True
+
+OUTPUT_TAIL_LINES = 200
+
+
+class Event(NamedTuple):
+    """One report from a rank: what unittest told the rank's result object, made picklable.
+
+    kind: "success", "failure" (text: traceback), "skip" (text: reason), "expected_failure"
+    (text: traceback), "unexpected_success", "subtest" (params, status pass/fail/skip, text),
+    "done" (count: grid points the rank ran).
+    """
+
+    kind: str
+    text: str = ""
+    params: Optional[Dict[str, Any]] = None
+    status: str = ""
+    count: int = 0
+
+
+class Shown(str):
+    """A parameter value that could not be pickled, kept as its repr so it displays the same."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def picklable_params(params: Dict[str, Any]) -> Dict[str, Any]:
+    """Grid-point params that can cross the pipe: unpicklable values become their repr."""
+    safe = {}
+    for name, value in params.items():
+        try:
+            pickle.dumps(value)
+        except Exception:
+            value = Shown(repr(value))
+        safe[name] = value
+    return safe
+
+
+@dataclass
+class RankRecord:
+    """Everything the parent learned about one rank of one test."""
+
+    rank: int
+    pid: Optional[int] = None
+    events: List[Event] = field(default_factory=list)
+    exitcode: Optional[int] = None
+    stopped: bool = False  # the parent killed it (fail-fast or timeout)
+    output: str = ""
+    stack: str = ""  # Python stack dumped just before the parent stopped it
+    collectives: Optional[List[CollectiveCall]] = None  # what it entered, when it could tell
+    problem_at: float = float("inf")  # when the parent first saw this rank fail
+
+    @property
+    def finished(self) -> bool:
+        return any(e.kind == "done" for e in self.events)
+
+    @property
+    def grid_points(self) -> int:
+        return max((e.count for e in self.events if e.kind == "done"), default=0)
+
+    def skip_reason(self) -> Optional[str]:
+        """Why this rank skipped the test (SkipTest or a TEST_SKIPS exit code), if it did."""
+        for event in self.events:
+            if event.kind == "skip":
+                return event.text
+        if not self.finished and self.exitcode in SKIP_BY_EXIT_CODE:
+            return SKIP_BY_EXIT_CODE[self.exitcode].message
+        return None
+
+    def problems(self) -> List[str]:
+        """Each way this rank failed, as 'rank N ...' text; empty when it did not fail."""
+        found = [
+            f"rank {self.rank} raised:\n{e.text.rstrip()}"
+            for e in self.events
+            if e.kind in ("failure", "expected_failure")
+        ]
+        if self.stopped or self.exitcode is None:
+            return found
+        if self.exitcode < 0:
+            found.append(f"rank {self.rank} died by signal {signal_name(-self.exitcode)}")
+        elif self.exitcode in SKIP_BY_EXIT_CODE:
+            pass  # a skip, decided by skip_reason()
+        elif self.exitcode != 0:
+            after = " after its test finished" if self.finished else ""
+            found.append(f"rank {self.rank} exited with code {self.exitcode}{after}")
+        elif not self.finished:
+            found.append(f"rank {self.rank} exited with code 0 before its test finished")
+        return found
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.problems())
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+class SubtestVerdict(NamedTuple):
+    """One grid point, merged over ranks: fail if any rank failed it, skip if every rank did."""
+
+    params: Dict[str, Any]
+    status: str  # "pass" | "fail" | "skip"
+    text: str
+
+
+class Verdict(NamedTuple):
+    kind: str  # "pass" | "fail" | "skip"
+    message: str
+    subtests: List[SubtestVerdict]
+    grid_points: int
+
+
+def decide(records: List[RankRecord], timed_out_after: Optional[float]) -> Verdict:
+    """The test's outcome from every rank's record, by DESIGN.md's rules."""
+    subtests = merge_subtests(records)
+    grid_points = max((r.grid_points for r in records), default=0)
+    failing = sorted((r for r in records if r.failed), key=lambda r: (r.problem_at, r.rank))
+    if timed_out_after is not None:
+        running = [r for r in records if r.stopped]
+        names = ", ".join(f"rank {r.rank}" for r in running)
+        head = f"timed out after {timed_out_after:g} s with {names} still running"
+        body = [ranks_collectives(running), stacks_section(running)]
+        body += [p for r in failing for p in r.problems()]
+        return Verdict("fail", report(head, body, records), subtests, grid_points)
+    if failing:
+        problems = [p for r in failing for p in r.problems()]
+        head = "; ".join(p.splitlines()[0].rstrip(":") for p in problems)
+        stopped = [r for r in records if r.stopped]
+        details = [p for p in problems if "\n" in p]  # one-line problems are all in the head
+        calls = {r.rank: r.collectives for r in records if r.collectives is not None}
+        if stopped or disagreement(calls):
+            details.append(collectives_section(calls))
+        body = details + ([stopped_section(stopped)] if stopped else [])
+        return Verdict("fail", report(head, body, records), subtests, grid_points)
+    reasons = [reason for reason in (r.skip_reason() for r in records) if reason is not None]
+    if reasons:
+        return Verdict("skip", reasons[0], subtests, grid_points)
+    return Verdict("pass", "", subtests, grid_points)
+
+
+def merge_subtests(records: List[RankRecord]) -> List[SubtestVerdict]:
+    """Every grid point any rank ran, in first-seen order, with each rank's failure text."""
+    points: Dict[str, Dict[str, Any]] = {}
+    for record in records:
+        for event in record.events:
+            if event.kind != "subtest":
+                continue
+            key = repr(sorted((k, repr(v)) for k, v in (event.params or {}).items()))
+            point = points.setdefault(
+                key, {"params": event.params or {}, "ranks": 0, "failed": [], "skipped": []}
+            )
+            point["ranks"] += 1
+            if event.status == "fail":
+                point["failed"].append(f"rank {record.rank} failed this grid point:\n{event.text}")
+            elif event.status == "skip":
+                point["skipped"].append(event.text)
+    verdicts = []
+    for point in points.values():
+        if point["failed"]:
+            verdicts.append(SubtestVerdict(point["params"], "fail", "\n".join(point["failed"])))
+        elif len(point["skipped"]) == point["ranks"]:
+            verdicts.append(SubtestVerdict(point["params"], "skip", point["skipped"][0]))
+        else:
+            verdicts.append(SubtestVerdict(point["params"], "pass", ""))
+    return verdicts
+
+
+def ranks_collectives(records: List[RankRecord]) -> str:
+    """Which collective each rank is in (and where they disagree), for ranks that could tell."""
+    return collectives_section({r.rank: r.collectives for r in records})
+
+
+def stacks_section(running: List[RankRecord]) -> str:
+    parts = ["Python stacks of the ranks still running:"]
+    for record in running:
+        stack = record.stack.strip() or "(no stack: the rank did not answer the dump signal)"
+        parts.append(f"--- stack of rank {record.rank} ---\n{stack}")
+    return "\n".join(parts)
+
+
+def stopped_section(stopped: List[RankRecord]) -> str:
+    parts = []
+    for record in stopped:
+        parts.append(f"rank {record.rank} was still running and was stopped; its stack then:")
+        parts.append(record.stack.strip() or "(no stack: the rank did not answer the dump signal)")
+    return "\n".join(parts)
+
+
+def output_section(records: List[RankRecord]) -> str:
+    """Every rank's captured stdout/stderr, each line prefixed by its rank."""
+    parts = []
+    for record in records:
+        if not record.output.strip():
+            continue
+        lines = record.output.splitlines()
+        if len(lines) > OUTPUT_TAIL_LINES:
+            omitted = len(lines) - OUTPUT_TAIL_LINES
+            lines = [f"... ({omitted} earlier lines omitted)"] + lines[-OUTPUT_TAIL_LINES:]
+        parts.extend(f"[rank {record.rank}] {line}" for line in lines)
+    if not parts:
+        return ""
+    return "captured output:\n" + "\n".join(parts)
+
+
+def report(head: str, body: List[str], records: List[RankRecord]) -> str:
+    sections = [head, *body, output_section(records)]
+    return "\n\n".join(s for s in sections if s)
+
+
+def apply_verdict(case: unittest.TestCase, verdict: Verdict) -> None:
+    """Report a verdict as the supervising case's own outcome.
+
+    Every grid point the ranks ran becomes the case's subtest with its params (so failing
+    points are reported one by one); then the case fails or skips with the verdict's message.
+    """
+    case._grid_points_run = verdict.grid_points
+    for point in verdict.subtests:
+        with case.subTest(**point.params):
+            if point.status == "fail":
+                raise case.failureException(point.text)
+            if point.status == "skip":
+                raise unittest.SkipTest(point.text)
+    if verdict.kind == "fail":
+        raise case.failureException(verdict.message)
+    if verdict.kind == "skip":
+        raise unittest.SkipTest(verdict.message)

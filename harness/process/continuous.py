@@ -1,0 +1,240 @@
+"""Upstream's shared-process bases, `MultiProcContinuousTest` and `FSDPTestContinuous`.
+
+As upstream, one set of rank processes runs every test of a class, with one default process
+group per class: the ranks start on the class's first test (lazily, so device-type
+instantiation works: the class that actually runs is the one started), create the group with
+`_init_pg`, and before each test they barrier and reseed (and reset torch.compile's caches,
+as upstream). The launching is harness/process/shared.py's; each test's events are reported as
+in the fresh-process mode. Beyond upstream there is no poison pill: a failing test fails
+alone, and a rank that crashes, exits or hangs fails only that test, the class's next test
+running on new ranks. Launched by torchrun, this process is the rank and each test creates
+and destroys its own group. The default ``timeout`` is the harness's (HARNESS_TIMEOUT, else
+300 s), not upstream's 120 s.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import unittest
+from datetime import timedelta
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from harness import devices
+from harness.compat import local_tensor as compat_local_tensor
+from harness.kit.fsdp import FSDPTestMixin
+from harness.launch.outcome import apply_verdict, decide
+from harness.process import shared as shared_ranks
+from harness.process.case import MAIN_PROCESS_RANK, MultiProcessTestCase
+from harness.skips import accelerators_suffice
+
+
+class _DefaultWorldSize:
+    """`world_size` until a class sets it (as an int or a property): the harness's default
+    (HARNESS_WORLD_SIZE, else one rank per GPU, else 2 CPU ranks), read when used."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> int:
+        return devices.default_world_size()
+
+
+def class_device_type(cls: type) -> str:
+    """A class's device type however it is declared: upstream's ``device_type()`` classmethod,
+    a plain string (device-type instantiation sets one on the generated class) or a property."""
+    declared = inspect.getattr_static(cls, "device_type")
+    if isinstance(declared, str):
+        return declared
+    if isinstance(declared, classmethod):
+        return declared.__func__(cls)
+    if isinstance(declared, staticmethod):
+        return declared.__func__()
+    if isinstance(declared, property) and declared.fget is not None:
+        return declared.fget(cls)
+    raise TypeError(f"{cls.__name__}.device_type must be a classmethod, property or str")
+
+
+class MultiProcContinuousTest(MultiProcessTestCase):
+    """Upstream's `MultiProcContinuousTest`: the tests of a class share its rank processes.
+
+    In a rank, once per set of ranks, `_init_pg(rank, world_size, rdvz_file)` creates the
+    default group with `backend_str()` (None: torch picks per device) and `opts()`, and the
+    class attributes `pg`, `rank`, `world_size` and `rdvz_file` are set as upstream does. A
+    `timeout` given as a `timedelta` (upstream's type) is converted to seconds, the
+    harness's unit.
+    """
+
+    world_size: int = _DefaultWorldSize()  # type: ignore[assignment]
+    rdvz_file: Optional[str] = None
+    pg: Any = None
+    poison_pill: bool = False  # upstream's flag; never set here, a failing test fails alone
+    _sent_to: Optional[shared_ranks.SharedRanks] = None  # in the parent, until the test joins
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        timeout = vars(cls).get("timeout")
+        if isinstance(timeout, timedelta):
+            cls.timeout = timeout.total_seconds()
+
+    @classmethod
+    def backend_str(cls) -> Optional[str]:
+        """The default group's backend; None lets torch choose per device (gloo, nccl)."""
+        return None
+
+    @classmethod
+    def device_type(cls) -> str:
+        """The device type the class tests: the accelerator's, else ``cpu``."""
+        return devices.device_type()
+
+    @classmethod
+    def opts(cls, high_priority_stream: bool = False) -> Any:
+        """Backend options for the default group (``pg_options``); None for the defaults."""
+        return None
+
+    @classmethod
+    def _init_pg(cls, rank: int, world_size: int, rdvz_file: str) -> None:
+        """Create the default group; ``rdvz_file`` is a rendezvous file path or, when the
+        ranks were launched by torchrun, an ``init_method`` URL."""
+        os.environ.setdefault("LOCAL_RANK", str(rank))  # torchrun's, when it launched us
+        if "://" in rdvz_file:
+            rendezvous: dict = {"init_method": rdvz_file}
+        else:
+            rendezvous = {"store": dist.FileStore(rdvz_file, world_size)}
+        dist.init_process_group(
+            backend=cls.backend_str(),
+            world_size=world_size,
+            rank=rank,
+            pg_options=cls.opts(),
+            timeout=timedelta(seconds=float(cls.timeout)),
+            **rendezvous,
+        )
+        cls.pg = dist.group.WORLD
+
+    @property
+    def destroy_pg_upon_exit(self) -> bool:
+        """Never: the default group belongs to the class, not to one test."""
+        return False
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shared_ranks.stop(cls)
+        super().tearDownClass()
+
+    # -- in a shared rank (harness/process/rank.py `serve`) --------------------------------------
+
+    @classmethod
+    def _shared_rank_start(cls, rank: int, world_size: int, rdvz_file: str) -> None:
+        """Once per set of ranks: the class attributes and the default group, as upstream."""
+        cls.rank = rank  # type: ignore[assignment]
+        cls.world_size = world_size
+        cls.rdvz_file = rdvz_file
+        cls._init_pg(rank, world_size, rdvz_file)
+
+    @classmethod
+    def _shared_rank_before_test(cls) -> None:
+        """Every rank meets before a test, so none is still in the last one (the test's setUp
+        then reseeds, as in every rank)."""
+        dist.barrier(group=cls.pg)
+
+    @classmethod
+    def _shared_rank_after_test(cls) -> bool:
+        """Forget what torch.compile cached; whether the class's group is still there."""
+        if "torch._dynamo" in sys.modules:
+            compat_local_tensor.reset_dynamo()
+        return dist.is_initialized() and dist.group.WORLD is cls.pg
+
+    # -- in the parent -------------------------------------------------------------------
+
+    def _spawn_processes(self) -> None:
+        """Check the class can run (its ranks start with its first test), then send the test
+        to them: they run it while the parent finishes its setUp."""
+        if self._torchrun is not None or self.rank != MAIN_PROCESS_RANK:
+            super()._spawn_processes()
+            return
+        if self._sent_to is not None:
+            return
+        ranks = shared_ranks.ranks_of(type(self), self._world_size_to_start())
+        self.addCleanup(self._abandon_unjoined)  # the test never joined: its setUp failed later
+        ranks.send_test(self)
+        self._sent_to = ranks
+
+    def _abandon_unjoined(self) -> None:
+        """A test sent to the ranks but never joined leaves them out of step: stop them."""
+        if self._sent_to is not None:
+            shared_ranks.stop(type(self))
+            self._sent_to = None
+
+    def _join_processes(self) -> None:
+        """Wait for the class's ranks and turn their reports into this test's outcome."""
+        ranks, self._sent_to = self._sent_to, None
+        if ranks is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.setUp did not start the test: call super().setUp()"
+            )
+        timeout = self.timeout
+        records, timed_out = ranks.finish_test(self, timeout)
+        self.rank_records = records
+        apply_verdict(self, decide(records, timeout if timed_out else None))
+
+    # -- both; launched by torchrun, this process is the rank and each test has its own group
+
+    def setUp(self) -> None:
+        if self.rank == MAIN_PROCESS_RANK and self._torchrun is None:
+            self._spawn_processes()  # first, so the ranks start while the parent sets up
+        super().setUp()
+        if self._torchrun is not None:
+            cls = type(self)
+            cls.rank = self.rank
+            cls.world_size = self.world_size
+            cls.rdvz_file = self.init_method
+            cls._init_pg(self.rank, self.world_size, self.init_method)
+
+    def tearDown(self) -> None:
+        if self._torchrun is not None and dist.is_initialized():
+            dist.destroy_process_group()
+            type(self).pg = None
+        super().tearDown()
+
+
+class FSDPTestContinuous(FSDPTestMixin, MultiProcContinuousTest):
+    """Upstream's `FSDPTestContinuous`: the FSDP parity helpers on MultiProcContinuousTest.
+
+    The backend follows the device type (nccl on GPUs, gloo on CPU); each rank uses its own
+    device (`self.device`); `process_group` is the class's `pg`. The ranks meet before each
+    test (the shared ranks' barrier); unlike upstream there is no barrier after it, where a
+    rank whose peer failed would wait for it in vain. With fewer accelerators than ranks the
+    test skips before any rank starts, as upstream's ranks do.
+    """
+
+    @classmethod
+    def backend_str(cls) -> str:
+        return devices.backend_for(class_device_type(cls))
+
+    @classmethod
+    def device_type(cls) -> str:
+        return devices.device_type()
+
+    @classmethod
+    def _init_pg(cls, rank: int, world_size: int, rdvz_file: str) -> None:
+        device = devices.rank_device(rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        super()._init_pg(rank, world_size, rdvz_file)
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's device: its own GPU, or the CPU."""
+        return devices.rank_device(max(self.rank, 0))
+
+    @property
+    def process_group(self) -> Any:
+        return type(self).pg
+
+    def setUp(self) -> None:
+        if self.rank == MAIN_PROCESS_RANK and class_device_type(type(self)) != "cpu":
+            found, needed = devices.accelerator_count(), self.world_size
+            if isinstance(needed, int) and not accelerators_suffice(needed):
+                raise unittest.SkipTest(f"Need at least {needed} CUDA devices ({found} found)")
+        super().setUp()

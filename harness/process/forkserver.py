@@ -1,0 +1,233 @@
+"""How rank processes start: a forkserver that already has torch and the test code imported.
+
+A rank forked from it starts in milliseconds; a spawned interpreter (the fallback,
+HARNESS_START_METHOD=spawn) spends seconds importing torch. The forkserver is started once
+per test process, with `_preload` imported; modules added by `preload()` after that are
+imported by each rank itself.
+
+Python's forkserver is meant to preload the script that runs as `__main__` too, but up to
+at least Python 3.12 the script's path never reaches it, so every rank would import the
+script again (for a suite run as `python test_x.py`: the suite and all it imports, per rank,
+per test). So harness/process/forkserver_main.py is preloaded last: imported in the forkserver
+while MAIN_PATH_ENV names the script, it loads the script the way multiprocessing loads it
+in a child, and forked ranks find it already imported. (Last, so that the script's own
+imports of `harness` find the package fully initialised.)
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import multiprocessing.util
+import os
+import shutil
+import signal
+import sys
+import time
+from multiprocessing import spawn
+from typing import Any, Dict, List, Optional
+
+from harness import devices
+
+MAIN_PATH_ENV = "HARNESS_FORKSERVER_MAIN"
+RUNNER_ENV = "HARNESS_FORKSERVER_RUNNER"
+HELPER_EXIT_WAIT_S = 5.0  # how long a stopped helper may take to exit before it is killed
+ORPHAN_CHECK_S = 1.0  # how long the forkserver waits to learn whether its runner died
+GROUP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+# What every rank would otherwise import itself, once per test: torch.distributed.tensor because
+# torch.testing.assert_close (so every tensor assertEqual) imports it on first use, which costs a
+# rank over a second; numpy because TestCase.setUp seeds it. Missing modules are skipped.
+_preload: List[str] = [
+    "torch", "torch.distributed", "torch.distributed.tensor", "numpy", "harness.testcase",
+    "harness.process.rank",
+]
+
+
+def preload(*modules: str) -> None:
+    """Import these modules in the forkserver too, so ranks do not import them per test.
+
+    Takes effect only before the first multi-process test of this process starts the
+    forkserver (a runner calls it with every suite module it is about to run).
+    """
+    _preload.extend(m for m in modules if m not in _preload and m != "__main__")
+
+
+def context(test_module: str) -> Any:
+    """The multiprocessing context ranks start from, with the forkserver running if used."""
+    method = devices.start_method()
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        preload(test_module)
+        ctx.set_forkserver_preload([*_preload, "harness.process.forkserver_main"])
+        _ensure_running()
+    return ctx
+
+
+def _main_script() -> Optional[str]:
+    """The path multiprocessing re-imports in a child as `__main__`, if it is a script."""
+    main = sys.modules["__main__"]
+    path = getattr(main, "__file__", None)
+    if getattr(getattr(main, "__spec__", None), "name", None) is not None or path is None:
+        return None
+    if not os.path.isabs(path) and multiprocessing.process.ORIGINAL_DIR is not None:
+        path = os.path.join(multiprocessing.process.ORIGINAL_DIR, path)
+    return os.path.normpath(path)
+
+
+def _ensure_running() -> None:
+    """Start the forkserver if needed, with MAIN_PATH_ENV naming the script it should load and
+    RUNNER_ENV naming this process (how the forkserver knows it is one, and whose child)."""
+    script = _main_script()
+    settings = {RUNNER_ENV: str(os.getpid()), MAIN_PATH_ENV: script}
+    saved = {name: os.environ.get(name) for name in settings}
+    for name, value in settings.items():
+        if value is not None:
+            os.environ[name] = value
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def load_main_script_in_forkserver() -> None:
+    """In the forkserver (MAIN_PATH_ENV set): import the script ranks would re-import."""
+    path = os.environ.get(MAIN_PATH_ENV)
+    if not path or getattr(sys.modules["__main__"], "__file__", None) == path:
+        return  # not the forkserver starting, or the script is loaded already
+    try:
+        spawn.import_main_path(path)
+    except Exception:  # noqa: BLE001 - each rank imports the script again and reports the error
+        return
+
+
+def helper_pids() -> Dict[str, int]:
+    """multiprocessing's helper processes this process runs now: forkserver, resource tracker."""
+    pids = {
+        "forkserver": multiprocessing.forkserver._forkserver._forkserver_pid,
+        "resource tracker": multiprocessing.resource_tracker._resource_tracker._pid,
+    }
+    return {name: pid for name, pid in pids.items() if pid is not None}
+
+
+def stop_helpers(keep: Dict[str, int]) -> None:
+    """Stop and reap the helpers running now that are not in `keep` (what ran before the run).
+
+    The forkserver's socket is removed first: that tells the forkserver it was stopped on
+    purpose, so it leaves multiprocessing's temp folder to this (living) process.
+    """
+    running = helper_pids()
+    if running.get("forkserver") not in (None, keep.get("forkserver")):
+        server = multiprocessing.forkserver._forkserver
+        with server._lock:
+            address, alive_fd = server._forkserver_address, server._forkserver_alive_fd
+            pid = server._forkserver_pid
+            server._forkserver_address = server._forkserver_alive_fd = None
+            server._forkserver_pid = None
+            if isinstance(address, str) and not address.startswith("\0"):
+                _remove(address)
+            os.close(alive_fd)  # the forkserver exits when every holder of this pipe closed it
+        _reap(pid)
+    if running.get("resource tracker") not in (None, keep.get("resource tracker")):
+        tracker = multiprocessing.resource_tracker._resource_tracker
+        with tracker._lock:
+            fd, pid = tracker._fd, tracker._pid
+            tracker._fd = tracker._pid = None
+            os.close(fd)  # at EOF the tracker frees what its clients leaked, then exits
+        _reap(pid)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _reap(pid: int) -> None:
+    """Wait for a child to exit; kill it if it has not after HELPER_EXIT_WAIT_S."""
+    deadline = time.monotonic() + HELPER_EXIT_WAIT_S
+    try:
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() >= deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return
+            time.sleep(0.005)
+    except ChildProcessError:  # already reaped
+        return
+
+
+def clean_up_when_orphaned() -> None:
+    """In the forkserver (started by the RUNNER_ENV process): on exit, if the runner died
+    without stopping it, remove the runner's multiprocessing temp folder (the socket's
+    `pymp-*`); then reap the ranks and exit at once (skipping the second or so the
+    interpreter would spend tearing torch down). Anywhere else: nothing."""
+    runner = os.environ.get(RUNNER_ENV, "")
+    if runner.isdigit():  # the runner may have died already, while we were preloading
+        atexit.register(_forkserver_exit, os.getpid(), int(runner))
+        for signum in GROUP_SIGNALS:
+            signal.signal(signum, _outlive_group_signal)
+        multiprocessing.util.register_after_fork(_RANK_HOOK, _default_group_signals)
+
+
+class _AfterFork:
+    """The (weakly referenced) owner of the after-fork hook below."""
+
+
+_RANK_HOOK = _AfterFork()
+
+
+def _outlive_group_signal(signum: int, frame: Any) -> None:
+    """SIGTERM/SIGHUP sent to the whole process group (`timeout`, a CI runner, a closed
+    terminal) reach the forkserver too. It stays, to reap its ranks (which die of the signal),
+    until the runner, which got the same signal, stops it; or until it learns the runner died."""
+
+
+def _default_group_signals(hook: _AfterFork) -> None:
+    """In each rank forked from the forkserver: SIGTERM and SIGHUP kill it again."""
+    for signum in GROUP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+
+
+def _forkserver_exit(pid: int, runner: int) -> None:
+    if os.getpid() != pid:  # a process forked from the forkserver (they exit via os._exit)
+        return
+    address = multiprocessing.forkserver._forkserver._forkserver_address
+    if isinstance(address, str) and os.path.exists(address):  # not stopped by stop_helpers
+        folder = os.path.dirname(address)
+        if _runner_gone(runner) and os.path.basename(folder).startswith("pymp-"):
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            _remove(address)
+    _reap_children()
+    os._exit(0)
+
+
+def _runner_gone(runner: int) -> bool:
+    """Whether the process that started the forkserver has died (we were re-parented). The
+    kernel closes a dying process's pipes just before it re-parents its children, so a
+    forkserver woken by that may still see the old parent for a moment."""
+    deadline = time.monotonic() + ORPHAN_CHECK_S
+    while os.getppid() == runner:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _reap_children() -> None:
+    """Reap the forkserver's exited ranks, so none is left a zombie when it exits."""
+    deadline = time.monotonic() + HELPER_EXIT_WAIT_S
+    try:
+        while time.monotonic() < deadline:
+            if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                time.sleep(0.005)
+    except ChildProcessError:  # no children left
+        return

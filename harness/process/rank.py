@@ -1,0 +1,386 @@
+"""What runs inside one rank process: set the process up, run the test case, report every event.
+
+The parent (harness/process/case.py) only supervises. A rank re-creates its TestCase by
+name, runs it with `case.run(result)` so unittest's own machinery (setUp, subTest,
+skips, expected failures) applies unchanged, and `ForwardingResult` sends each event to
+the parent over a pipe, where the outcome is decided. A fresh rank (`main`) runs one test
+and exits; a shared rank (`serve`) sets its class up once and runs each test the parent
+sends it, reporting each test's events exactly as a fresh rank does. This module must stay
+importable without side effects: the forkserver preloads it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import gc
+import importlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import unittest
+from dataclasses import dataclass
+from multiprocessing import parent_process
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from harness.compat import cpu_defaults as compat_cpu_defaults
+from harness.compat import flight_recorder as compat_flight_recorder
+from harness.launch.outcome import Event, picklable_params
+from harness.skips import SKIP_BY_EXIT_CODE
+
+STACK_SIGNAL = signal.SIGUSR1  # the parent sends it to get a rank's Python stack
+COLLECTIVES_SIGNAL = signal.SIGUSR2  # ... and this one for the collectives it entered
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything a rank needs to re-create and run its test (picklable, sent at start)."""
+
+    module: str
+    qualname: str
+    method: str
+    rank: int
+    world_size: int
+    file_name: str
+    work_dir: str  # the test's private dir (rendezvous file, outputs, temp)
+    output_path: str
+    temp_dir: str
+    threads: int
+    env: Dict[str, str]
+
+
+def main(spec: RankSpec, channel: Connection) -> None:
+    """Entry point of a rank process: run the test once and exit without interpreter teardown."""
+    _set_up_process(spec)
+    result = ForwardingResult(channel)
+    _run_case(lambda: load_case(spec), result, channel)
+    channel.send(Event("done", count=result.grid_points))
+    _leave(channel)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One test for a shared rank to run, sent over its task pipe (harness/process/shared.py)."""
+
+    method: str
+    output_path: str  # this test's output file: each test's output is reported on its own
+    file_name: str  # this test's own rendezvous path (the grid synchronisation lives beside it)
+
+
+def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
+    """Entry point of a shared rank process: set the class up once, then run each test sent.
+
+    The class hooks `_shared_rank_start` (once: create the default group),
+    `_shared_rank_before_test` (the ranks meet) and `_shared_rank_after_test` (False when
+    the test left the rank unusable) keep the class-specific part out of here. Before a test,
+    the rank reports "ready" (with the test's number) once past the meeting: a parent that
+    never hears it knows the ranks cannot meet any more and starts new ones. A rank whose
+    test passed goes to the next test's meeting at once (its peers are not inside a
+    collective of the test, which the meeting's could be mistaken for), so that meeting
+    overlaps the parent's own work; one whose test failed or skipped goes only once the
+    next test arrives. When its pipe closes the rank exits.
+    """
+    _set_up_process(spec)
+    cls: Any = None
+    setup_problem: Optional[Event] = None
+    try:
+        cls = load_class(spec.module, spec.qualname)
+        cls._shared_rank_start(spec.rank, spec.world_size, spec.file_name)
+    except (Exception, SystemExit):
+        err = sys.exc_info()
+        skip = _skip_reason(err)
+        setup_problem = Event("failure", format_error(err)) if skip is None else Event("skip", skip)
+    output, met, number = spec.output_path, False, 0
+    while True:
+        try:
+            task = tasks.recv()
+        except EOFError:
+            break
+        if task.output_path != output:
+            _capture_output(task.output_path)
+            output = task.output_path
+        if setup_problem is not None:
+            channel.send(setup_problem)
+            channel.send(Event("done"))
+            continue
+        if not met and not _meet(cls, channel, number):
+            break
+        passed = _run_shared_test(cls, spec, task, channel)
+        number += 1
+        if not cls._shared_rank_after_test():
+            break
+        met = passed and _meet(cls, channel, number)
+        if passed and not met:
+            break
+    _leave(channel)
+
+
+def _meet(cls: Any, channel: Connection, number: int) -> bool:
+    """The ranks' meeting before test `number`; False (with why, in the output) if it failed."""
+    try:
+        cls._shared_rank_before_test()
+    except Exception:
+        traceback.print_exc()
+        return False
+    channel.send(Event("ready", count=number))
+    return True
+
+
+def _run_shared_test(cls: Any, spec: RankSpec, task: Task, channel: Connection) -> bool:
+    """Run one test in a shared rank (already past the meeting); whether it passed here."""
+    def make_case() -> Any:
+        case = cls(task.method)
+        case._attach_rank(spec.rank, spec.world_size, task.file_name)
+        return case
+
+    result = ForwardingResult(channel, hold_success=True)
+    _run_case(make_case, result, channel)
+    channel.send([*result.held, Event("done", count=result.grid_points)])  # one message
+    return result.passed
+
+
+def _run_case(
+    make_case: Callable[[], Any], result: ForwardingResult, channel: Connection
+) -> None:
+    """Build the rank's case and run it; a case that cannot even be built is a failure."""
+    try:
+        case = make_case()
+    except Exception:
+        channel.send(Event("failure", format_error(sys.exc_info())))
+        return
+    case._rank_result = result
+    case.run(result)
+    result.grid_points = getattr(case, "_grid_points_run", 0)
+
+
+def _set_up_process(spec: RankSpec) -> None:
+    # Keep the garbage collector out of the objects inherited from the forkserver: a full
+    # collection would walk every one of them and so copy much of the preloaded heap.
+    gc.freeze()
+    # Before any thread starts, so that only the thread serving dumps ever receives it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {COLLECTIVES_SIGNAL})
+    _serve_collective_dumps(collectives_path(spec.output_path))
+    _die_with_parent(spec.work_dir)
+    _capture_output(spec.output_path)
+    _prepare_process(spec)
+
+
+def _leave(channel: Connection) -> None:
+    channel.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skips atexit handlers and destructors (e.g. of a process group the test left behind),
+    # which can hang or take longer than the test itself; everything was reported above.
+    os._exit(0)
+
+
+def collectives_path(output_path: str) -> str:
+    """Where a rank writes its flight-recorder dump when the parent asks for it."""
+    return f"{output_path}.collectives.json"
+
+
+def _serve_collective_dumps(path: str) -> None:
+    """Start the thread that writes the collectives this rank entered when the parent asks.
+
+    A thread, not a signal handler: a rank stuck in a collective is inside C++ with the GIL
+    released, where a Python handler of the main thread would never run.
+    """
+    threading.Thread(
+        target=_dump_collectives_on_request, args=(path,), name="harness-collectives",
+        daemon=True,
+    ).start()
+
+
+def _dump_collectives_on_request(path: str) -> None:
+    while True:
+        signal.sigwait({COLLECTIVES_SIGNAL})
+        text = compat_flight_recorder.dump_json()
+        if text is None:
+            continue
+        with open(f"{path}.tmp", "w") as f:
+            f.write(text)
+        os.replace(f"{path}.tmp", path)  # the parent never reads half a dump
+
+
+def _die_with_parent(work_dir: str) -> None:
+    """Make sure this rank cannot outlive the test process, however that process ends.
+
+    PR_SET_PDEATHSIG covers the spawn start method, where the test process is our parent.
+    With the forkserver our parent is the forkserver, which outlives a killed test process
+    while ranks hold it open, so a thread also watches the sentinel multiprocessing keeps
+    for the process that started us (the test process); when it closes, the thread removes
+    the test's private dir (the dead parent cannot) and kills this rank.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    starter = parent_process()
+    if starter is not None:
+        threading.Thread(
+            target=_clean_up_when_orphaned, args=(starter.sentinel, work_dir),
+            name="harness-lifeline", daemon=True,
+        ).start()
+
+
+def _clean_up_when_orphaned(sentinel: int, work_dir: str) -> None:
+    wait([sentinel])
+    # A peer may still be creating its output file in the dir: remove until it stays gone.
+    for _ in range(50):
+        shutil.rmtree(work_dir, ignore_errors=True)
+        if not os.path.exists(work_dir):
+            break
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def without_lifeline(stack: str) -> str:
+    """A faulthandler dump without the harness's helper threads, the same in every rank."""
+    helpers = (_clean_up_when_orphaned.__name__, _dump_collectives_on_request.__name__)
+    blocks = stack.split("\n\n")
+    return "\n\n".join(b for b in blocks if not any(f"in {h}" in b for h in helpers))
+
+
+def _capture_output(path: str) -> None:
+    """Send this process's fds 1 and 2 (so C++ and child output too) to its private file."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)  # lines reach the file even if the rank is killed
+
+
+def _prepare_process(spec: RankSpec) -> None:
+    """Per-rank process settings: environment, stack dumps, loopback gloo, thread count."""
+    # The forkserver's environment is frozen at its start; use the test process's current one.
+    os.environ.clear()
+    os.environ.update(spec.env)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    compat_flight_recorder.enable()  # so a hang report can say which collective each rank is in
+    compat_cpu_defaults.install()  # HARNESS_ALLOW_CPU: torch's accelerator defaults on CPU
+    # Ctrl-C reaches the whole process group; the parent decides and stops the ranks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.enable(all_threads=True)
+    faulthandler.register(STACK_SIGNAL, all_threads=True, chain=False)
+    # Temp files of the test land in the test's private dir, removed even if the rank is killed.
+    tempfile.tempdir = spec.temp_dir
+    torch.set_num_threads(spec.threads)
+
+
+def load_class(module: str, qualname: str) -> Any:
+    """The test class the parent runs, found in this rank by its module and qualified name."""
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise LookupError(
+                f"test class {qualname} not found in module {module}: "
+                "multi-process test classes must be defined at module level"
+            )
+    return target
+
+
+def load_case(spec: RankSpec) -> unittest.TestCase:
+    """Re-create the parent's TestCase in this rank from its module, class and method names."""
+    case = load_class(spec.module, spec.qualname)(spec.method)
+    case._attach_rank(spec.rank, spec.world_size, spec.file_name)
+    return case
+
+
+class ForwardingResult(unittest.TestResult):
+    """A unittest result that sends every event to the parent instead of keeping it."""
+
+    def __init__(self, channel: Connection, hold_success: bool = False) -> None:
+        super().__init__()
+        self._channel = channel
+        self._hold_success = hold_success  # sent with "done" by the caller: one message less
+        self.held: List[Event] = []
+        self.grid_points = 0
+        self.failed = False  # the test itself (not a grid point) failed in this rank
+        self.passed = False  # it passed in this rank (no failure, skip or failed grid point)
+
+    def _send(self, event: Event) -> None:
+        self._channel.send(event)
+
+    def addSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802 - unittest's naming
+        self.passed = True
+        if self._hold_success:
+            self.held.append(Event("success"))
+        else:
+            self._send(Event("success"))
+
+    def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+        self.failed = True
+        self._send(Event("failure", format_error(err)))
+
+    def addError(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+        skip = skip_exit_reason(err)
+        if skip is not None:
+            self.addSkip(test, skip)
+        else:
+            self.addFailure(test, err)
+
+    def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
+        if getattr(test, "test_case", None) is not None:  # a skipped grid point (subTest)
+            self._send(Event("subtest", reason, _params_of(test), "skip"))
+        else:
+            self._send(Event("skip", reason))
+
+    def addSubTest(self, test: unittest.TestCase, subtest: Any, err: Any) -> None:  # noqa: N802
+        params = _params_of(subtest)
+        if err is None:
+            self._send(Event("subtest", "", params, "pass"))
+            return
+        skip = skip_exit_reason(err)
+        if skip is not None:
+            self._send(Event("subtest", skip, params, "skip"))
+        else:
+            self._send(Event("subtest", format_error(err), params, "fail"))
+
+    def addExpectedFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+        self.failed = True
+        self._send(Event("expected_failure", format_error(err)))
+
+    def addUnexpectedSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802
+        self._send(Event("unexpected_success"))
+
+
+def _params_of(subtest: Any) -> Dict[str, Any]:
+    return picklable_params(dict(getattr(subtest, "params", {}) or {}))
+
+
+def _skip_reason(err: Tuple[Any, Any, Any]) -> Optional[str]:
+    """Why setting a rank up skipped: SkipTest, or `sys.exit` with a skip code; else None."""
+    if err[0] is not None and issubclass(err[0], unittest.SkipTest):
+        return str(err[1])
+    return skip_exit_reason(err)
+
+
+def skip_exit_reason(err: Tuple[Any, Any, Any]) -> Optional[str]:
+    """The TEST_SKIPS message when the error is `sys.exit(code)` with a skip code, else None."""
+    exctype, value, _ = err
+    if exctype is not None and issubclass(exctype, SystemExit):
+        code = getattr(value, "code", None)
+        if code in SKIP_BY_EXIT_CODE:
+            return SKIP_BY_EXIT_CODE[code].message
+    return None
+
+
+def format_error(err: Tuple[Any, Any, Any]) -> str:
+    """The traceback as text, without the leading unittest/harness frames (as unittest does)."""
+    exctype, value, tb = err
+    while tb is not None and "__unittest" in tb.tb_frame.f_globals:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(exctype, value, tb))

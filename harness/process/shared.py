@@ -1,0 +1,144 @@
+"""Shared-process mode: one set of rank processes per test class, each test sent to it.
+
+The parent side of MultiProcContinuousTest (harness/process/continuous.py). A class's
+ranks start on its first test (forks of the preloaded forkserver,
+harness/process/forkserver.py), create the default group once (the class's
+`_shared_rank_start`), then run each test they are sent
+(harness/process/rank.py `serve`). Every test's events are supervised and reported exactly as in the
+fresh-process mode (same RankGroup, RankRecord and outcome rules); what shared processes add
+is deciding when the set can no longer be trusted:
+
+- a rank that crashed, exited or was stopped (fail fast, timeout) fails that test with the
+  fresh mode's report, and the class's next test starts a new set;
+- before each test the ranks meet (barrier) and say "ready"; a reused set that does not
+  within READY_TIMEOUT_S (a group a previous test left broken) is replaced, and the test
+  runs on the new set: it is not the test's fault.
+
+Nothing outlives the class: `stop(cls)` (tearDownClass) and `stop_all()` (at exit, and for
+a runner stopped by a signal between two tests of a class) kill the ranks and remove their
+private dir; a test interrupted while it runs stops its class's ranks itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+from harness import devices
+from harness.launch.outcome import RankRecord
+from harness.process import forkserver
+from harness.process.rank import RankSpec
+from harness.process.supervisor import RankGroup
+
+READY_TIMEOUT_S = 10.0  # how long a reused set may take to meet before a test
+
+
+class SharedRanks:
+    """One test class's rank processes, started lazily and replaced when broken."""
+
+    def __init__(self, cls: type, world_size: int) -> None:
+        self.cls = cls
+        self.world_size = world_size
+        self.group: Optional[RankGroup] = None
+        self.starts = 0  # how many sets were started (a new one after each broken one)
+        self._reused = False  # the current test went to ranks that ran an earlier one
+
+    def send_test(self, case: Any) -> None:
+        """Have the ranks start `case`'s test (starting them if there are none, or if they can
+        no longer be reached); `finish_test` collects it. Sent from the parent's setUp, so the
+        ranks begin while the parent finishes setting up."""
+        group = self.group
+        self._reused = group is not None and group.send_test(case._testMethodName)
+        if not self._reused:
+            self.close()
+            self._start(case).send_test(case._testMethodName)  # a rank gone: supervise says so
+        self._describe(case)
+
+    def finish_test(self, case: Any, timeout: float) -> Tuple[List[RankRecord], bool]:
+        """The test's records, and whether the timeout stopped the ranks."""
+        group = self.group
+        if group is None:
+            raise RuntimeError(f"{type(case).__name__}: the test was not sent to the ranks")
+        if self._reused and not group.wait_ready(READY_TIMEOUT_S):
+            self.close()  # a broken set: run the test on new ranks instead
+            group = self._start(case)
+            group.send_test(case._testMethodName)
+            self._describe(case)
+        try:
+            timed_out = group.supervise(timeout)
+        except BaseException:  # KeyboardInterrupt, SIGTERM: no rank outlives the test
+            self.close()
+            raise
+        if not group.intact():
+            self.close()
+        return group.records, timed_out
+
+    def _describe(self, case: Any) -> None:
+        """`case.file_name`, `init_method` and `processes` describe the run, as in fresh mode."""
+        assert self.group is not None
+        case.file_name = self.group.test_file()
+        case.init_method = f"file://{case.file_name}"
+        case.processes = self.group.processes
+
+    def _start(self, case: Any) -> RankGroup:
+        group = RankGroup(self.world_size)
+        self.group = group
+        self.starts += 1
+        cls = self.cls
+
+        def spec_of(rank: int) -> RankSpec:
+            return RankSpec(
+                module=cls.__module__,
+                qualname=cls.__qualname__,
+                method="",
+                rank=rank,
+                world_size=self.world_size,
+                file_name=group.file_name,
+                work_dir=group.work_dir,
+                output_path=group.output_path(rank),
+                temp_dir=group.temp_dir,
+                threads=devices.intra_op_threads(self.world_size),
+                env=dict(os.environ),
+            )
+
+        try:
+            group.start(forkserver.context(cls.__module__), spec_of, shared=True)
+        except BaseException:
+            self.close()
+            raise
+        return group
+
+    def close(self) -> None:
+        """Stop the ranks and remove their private dir (a later test starts new ones)."""
+        group, self.group = self.group, None
+        if group is not None:
+            group.close()
+
+
+_open: Dict[type, SharedRanks] = {}
+
+
+def ranks_of(cls: type, world_size: int) -> SharedRanks:
+    """The class's shared ranks (none started until its first test runs)."""
+    ranks = _open.get(cls)
+    if ranks is None or ranks.world_size != world_size:
+        stop(cls)
+        ranks = _open[cls] = SharedRanks(cls, world_size)
+    return ranks
+
+
+def stop(cls: type) -> None:
+    """Stop the class's ranks, if it has any running (its tearDownClass)."""
+    ranks = _open.pop(cls, None)
+    if ranks is not None:
+        ranks.close()
+
+
+def stop_all() -> None:
+    """Stop every class's ranks: for a runner stopped between a class's tests (signals)."""
+    for cls in list(_open):
+        stop(cls)
+
+
+atexit.register(stop_all)

@@ -1,0 +1,114 @@
+"""JUnit XML through unittest-xml-reporting (xmlrunner), with one testcase per test.
+
+xmlrunner writes one testcase per unittest event, so a test with three failing grid points
+would appear as three failures; the result class here folds them into one testcase the way
+`records.Collector` does, and can report records built elsewhere (merged from ranks, or
+fixture results that belong to no test method, through `stand_in_for`).
+"""
+
+from __future__ import annotations
+
+import time
+import unittest
+from typing import Any, List, Optional, Tuple
+
+from harness.runner.records import (
+    RunRecord,
+    fold_grid_points,
+    formatted,
+    interrupted_now,
+    params_text,
+    reported_exc_info,
+)
+
+
+def junit_result_class() -> type:
+    """xmlrunner's result, with one testcase per test: failing grid points are folded into it."""
+    from xmlrunner.result import _XMLTestResult
+
+    class JUnitResult(_XMLTestResult):
+        def startTest(self, test: Any) -> None:  # noqa: N802
+            self._points: List[Tuple[str, str]] = []
+            super().startTest(test)
+
+        def _exc_info_to_string(self, err: Any, test: Any) -> str:
+            text = formatted(err)
+            return text if text is not None else super()._exc_info_to_string(err, test)
+
+        def _fold(self, test: Any, err: Any = None) -> Any:
+            main = self._exc_info_to_string(err, test) if err is not None else ""
+            points, self._points = self._points, []
+            message, detail = fold_grid_points(points, main)
+            record = RunRecord(test.id(), "", "failed", message, detail, "AssertionError")
+            return reported_exc_info(record)
+
+        def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
+            if err is not None:
+                self._points.append((params_text(subtest), self._exc_info_to_string(err, test)))
+                if self.failfast:
+                    self.stop()
+
+        def addFailure(self, test: Any, err: Any) -> None:  # noqa: N802
+            super().addFailure(test, self._fold(test, err) if self._points else err)
+
+        def addError(self, test: Any, err: Any) -> None:  # noqa: N802
+            if getattr(self, "_points", None):
+                return super().addFailure(test, self._fold(test, err))
+            super().addError(test, err)
+
+        def stopTest(self, test: Any) -> None:  # noqa: N802
+            if getattr(self, "_points", None) and not interrupted_now():
+                super().addFailure(test, self._fold(test))
+            self._points = []  # an interrupted test did not finish: no testcase for it
+            super().stopTest(test)
+
+        def add_record(self, test: Any, record: RunRecord) -> None:
+            """Report a record built elsewhere (by the engine, or merged from ranks)."""
+            self.startTest(test)
+            if getattr(test, "stand_in", False):  # no source line of its own
+                self.lineno = self.doc = None
+            self.start_time = time.time() - record.duration
+            if record.status == "passed":
+                self.addSuccess(test)
+            elif record.status == "skipped":
+                self.addSkip(test, record.message)
+            elif record.status == "error":
+                super().addError(test, reported_exc_info(record))
+            else:
+                super().addFailure(test, reported_exc_info(record))
+            self.stopTest(test)
+
+    return JUnitResult
+
+
+def xml_runner(output: str, resultclass: Optional[type] = None, **kwargs: Any) -> Any:
+    """An XMLTestRunner writing TEST-<module>.<Class>.xml files into `output`, with
+    `resultclass` (junit_result_class() or a subclass of it)."""
+    import xmlrunner
+
+    return xmlrunner.XMLTestRunner(
+        output=output, outsuffix="", resultclass=resultclass or junit_result_class(), **kwargs
+    )
+
+
+def stand_in_for(record: RunRecord) -> unittest.TestCase:
+    """A TestCase carrying only an id, for results that belong to no test method (class and
+    module fixtures); named after the class it stands for, so the XML groups it there."""
+
+    class Fixture(unittest.TestCase):
+        stand_in = True
+
+        def runTest(self) -> None:  # noqa: N802
+            """Never run: the instance only names a fixture result in the XML report."""
+
+        def id(self) -> str:
+            return record.test_id
+
+        def __str__(self) -> str:
+            return record.test_id
+
+    owner = record.test_id.rpartition(".")[0]
+    module, _, name = owner.rpartition(".")
+    Fixture.__module__ = module or record.suite
+    Fixture.__name__ = Fixture.__qualname__ = name or "Fixture"
+    return Fixture()

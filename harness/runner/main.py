@@ -1,0 +1,153 @@
+"""`run_tests()`: the entry point of one test file (`if __name__ == "__main__": run_tests()`).
+
+unittest's own command line, plus the harness's flags (--save-xml, --seed, --repeat, --list,
+--allow-cpu).
+The pieces it shares with run_all.py live in their own modules: records.py (one record per
+test), junit.py (XML), progress.py, loader.py (choosing tests), engine.py (running a plan
+under torchrun) and cli.py (run_all.py's command line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import unittest
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from harness import devices
+from harness.compat import cpu_defaults as compat_cpu_defaults
+from harness.runner import lifecycle
+from harness.runner.cli import print_list, run_tests_parser
+from harness.runner.engine import Engine, Options, closing_line
+from harness.runner.junit import junit_result_class, xml_runner
+from harness.runner.loader import UsageError, flatten, repeat
+from harness.runner.records import Tally
+
+HARNESS_FLAGS_HELP = """
+Harness options (besides unittest's):
+  --save-xml [DIR]  write JUnit XML reports into DIR (default: test-reports)
+  --seed N          seed torch, random and numpy with N before every test
+  --repeat N        run every selected test N times
+  --list            print the selected test ids and exit
+  --allow-cpu       run tests written for accelerators on CPU where none exists
+                    (sets HARNESS_ALLOW_CPU=1)
+"""
+
+
+class _UntilInterrupted:
+    """The selected tests, run so that an interruption (Ctrl-C, SIGTERM, SIGHUP) ends the run
+    instead of unwinding through unittest's runner: the runner then still prints the failures
+    and the summary of what ran, and writes the XML of the tests that finished."""
+
+    def __init__(self, test: Any) -> None:
+        self.test = test
+        self.signum: Optional[int] = None
+
+    def __call__(self, result: unittest.TestResult) -> unittest.TestResult:
+        try:
+            self.test(result)
+        except KeyboardInterrupt as stop:
+            self.signum = lifecycle.signal_of(stop)
+            if getattr(result, "showAll", False):  # close the test's "... " line
+                result.stream.writeln("interrupted")  # type: ignore[attr-defined]
+        return result
+
+
+class _Program(unittest.TestProgram):
+    """unittest.main plus the harness's flags, which `run_tests` has already taken out."""
+
+    def __init__(self, harness_args: argparse.Namespace, **kwargs: Any) -> None:
+        self.harness_args = harness_args
+        self.code = 0  # the exit code, set once the tests ran
+        super().__init__(exit=False, **kwargs)
+
+    def _print_help(self, *args: Any, **kwargs: Any) -> None:
+        super()._print_help(*args, **kwargs)
+        print(HARNESS_FLAGS_HELP)
+
+    def runTests(self) -> None:  # noqa: N802 - unittest's naming
+        opts = self.harness_args
+        tests = flatten(self.test)
+        if opts.list:
+            print_list([("", tests)], sys.stdout)
+            sys.exit(0)
+        if opts.repeat > 1:
+            self.test = unittest.TestSuite(repeat([("", tests)], opts.repeat)[0][1])
+        if devices.torchrun_env() is not None:
+            options = Options(xml_dir=opts.save_xml, failfast=bool(self.failfast),
+                              verbosity=self.verbosity)
+            modules: Dict[str, List[unittest.TestCase]] = {}
+            for test in flatten(self.test):
+                modules.setdefault(type(test).__module__, []).append(test)
+            self.code = Engine(list(modules.items()), options).run()
+            return
+        settings = dict(verbosity=self.verbosity, failfast=self.failfast, buffer=self.buffer,
+                        warnings=self.warnings, tb_locals=self.tb_locals)
+        if opts.save_xml is not None:
+            self.testRunner = xml_runner(
+                opts.save_xml, resultclass=_tallied(junit_result_class()), **settings
+            )
+        else:
+            self.testRunner = unittest.TextTestRunner(
+                resultclass=_tallied(unittest.TextTestResult), **settings  # type: ignore[arg-type]
+            )
+        tests = _UntilInterrupted(self.test)
+        self.test = tests
+        super().runTests()
+        adapted = compat_cpu_defaults.summary_line()
+        if adapted is not None:
+            self.testRunner.stream.writeln(adapted)
+        self.code = int(not self.result.wasSuccessful())
+        if tests.signum is not None:
+            self.code = lifecycle.exit_code(tests.signum)
+            result, stream = self.result, self.testRunner.stream
+            stream.writeln(f"run stopped: interrupted by {lifecycle.describe(tests.signum)}")
+            stream.writeln(closing_line(**result.tally, interrupted=True))
+            stream.flush()
+
+
+def _tallied(result_class: type) -> type:
+    """`result_class` counting one verdict per finished test (records.Tally)."""
+    return type(result_class.__name__, (Tally, result_class), {})
+
+
+def _restart_with_switch() -> None:
+    """Run this command again with HARNESS_ALLOW_CPU=1 set: the test file was imported before
+    run_tests saw --allow-cpu, and device-type classes are made at import."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
+def run_tests(argv: Optional[Sequence[str]] = None) -> None:
+    """`if __name__ == "__main__": run_tests()`: unittest's command line (-v, -k, test names,
+    -f, ...) plus --save-xml [DIR], --seed N, --repeat N, --list and --allow-cpu (sets
+    HARNESS_ALLOW_CPU=1; from the command line the file is run again with it, so that its
+    device-type classes are made with it). Exits with unittest's code,
+    or 130/143/129 when stopped by Ctrl-C/SIGTERM/SIGHUP (after reporting what finished).
+    Nothing it started outlives it; the signal handlers it replaced are restored."""
+    argv_given, argv = argv, list(sys.argv if argv is None else argv)
+    try:
+        harness_args, rest = run_tests_parser().parse_known_args(argv[1:])
+    except UsageError as error:
+        print(f"{Path(argv[0]).name}: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    if harness_args.seed is not None:
+        from harness.testcase import SEED_ENV
+
+        os.environ[SEED_ENV] = str(harness_args.seed)
+    if harness_args.allow_cpu and os.environ.get(devices.ALLOW_CPU_ENV) != "1":
+        os.environ[devices.ALLOW_CPU_ENV] = "1"
+        if argv_given is None:
+            _restart_with_switch()
+    with lifecycle.run_scope(), compat_cpu_defaults.adaptation_log():
+        try:
+            code = _Program(harness_args, module="__main__", argv=[argv[0], *rest]).code
+        except KeyboardInterrupt as stop:  # before the first test started
+            signum = lifecycle.signal_of(stop)
+            print(f"run stopped: interrupted by {lifecycle.describe(signum)}", file=sys.stderr)
+            print(closing_line(0, 0, 0, interrupted=True), file=sys.stderr, flush=True)
+            code = lifecycle.exit_code(signum)
+    sys.exit(code)
