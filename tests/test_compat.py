@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import ShardingStrategy
 
+from harness.compat import c10d_world
 from harness.compat import torch_internals as compat
 
 
@@ -113,7 +114,7 @@ class CompatTest(unittest.TestCase):
             checked.wait(30)
             dist.destroy_process_group()
 
-        with compat.thread_local_c10d_world():
+        with c10d_world.thread_local_c10d_world():
             thread = threading.Thread(target=in_thread)
             thread.start()
             initialised.wait(30)
@@ -126,7 +127,7 @@ class CompatTest(unittest.TestCase):
     def test_every_fault_installs_in_a_fresh_interpreter(self):
         # A fault patches torch for good, so they are installed in a child, never here.
         code = (
-            "from harness import compat\n"
+            "from harness.compat import torch_internals as compat\n"
             "for name in compat.FAULTS:\n    compat.install_fault(name)\n    print(name)"
         )
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from harness.compat import torch_internals as compat
+from harness.compat import c10d_world
 from harness.testcase import TestCase
 from harness.threads import backend as threaded_pg
 from harness.threads import world as thread_world
@@ -236,7 +236,7 @@ def run_on_threads(
                 dist.destroy_process_group()
             thread_world.unbind_thread()
 
-    with compat.thread_local_c10d_world():
+    with c10d_world.thread_local_c10d_world():
         threads = [threading.Thread(target=main, args=(r,), daemon=True)
                    for r in range(world_size)]
         for thread in threads:
@@ -425,7 +425,7 @@ class TestBackendBehaviour(TestCase):
 
     def test_without_a_bound_world_init_fails_clearly(self) -> None:
         threaded_pg.register()
-        with compat.thread_local_c10d_world():
+        with c10d_world.thread_local_c10d_world():
             with self.assertRaisesRegex(RuntimeError, "bound to a ThreadedWorld"):
                 dist.init_process_group("threaded", rank=0, world_size=1,
                                         store=dist.HashStore())

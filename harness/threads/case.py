@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from harness import devices
-from harness.compat import torch_internals as compat
+from harness.compat import c10d_world
 from harness.launch.outcome import Event, RankRecord, apply_verdict, decide
 from harness.process.rank import ForwardingResult, format_error
 from harness.skips import check_case_requirements
@@ -227,7 +227,7 @@ class MultiThreadedTestCase(TestCase):
         # Process-wide state the ranks change, restored however the test ends.
         state = ExitStack()
         self.addCleanup(state.close)
-        state.enter_context(compat.thread_local_c10d_world())
+        state.enter_context(c10d_world.thread_local_c10d_world())
         state.enter_context(per_thread_warnings())
         state.callback(self._threads.stop_if_running)  # LIFO: before the world is restored
         state.callback(setattr, sys, "excepthook", sys.excepthook)
