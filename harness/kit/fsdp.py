@@ -28,7 +28,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness import devices
-from harness.compat import torch_internals as compat
+from harness.compat import fsdp1
 from harness.kit.fsdp_helpers import _zero_model, get_full_params
 from harness.kit.models import DEVICEInitMode, FSDPInitMode, fsdp_kwargs_for_device
 from harness.process.case import MAIN_PROCESS_RANK, MultiProcessTestCase
@@ -110,7 +110,7 @@ class FSDPTestMixin:
         # SGD with momentum, not Adam: Adam is scale invariant, which hides gradient errors.
         optim = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
         is_fsdp = isinstance(model, FSDP)
-        keeps_unsharded = compat.fsdp1_no_reshard_after_forward_strategies()
+        keeps_unsharded = fsdp1.no_reshard_after_forward_strategies()
         cpu = torch.device("cpu")
         loss = torch.zeros(())
         for _ in range(num_steps):
@@ -154,7 +154,7 @@ class FSDPTestMixin:
                 _zero_model(model)  # a load that restores nothing now breaks parity
                 model.load_state_dict(state_dict)
         if is_fsdp:
-            compat.fsdp1_assert_idle(model)
+            fsdp1.assert_idle(model)
         return loss.detach()
 
     def _test_fsdp_parity(
