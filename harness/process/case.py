@@ -5,7 +5,7 @@ has torch and the test module imported, harness/process/forkserver.py, so a rank
 milliseconds instead of seconds); in the parent the test method is replaced by a wrapper
 that waits for the ranks' reports (harness/process/supervisor.py, with each rank run by
 harness/process/rank.py) and turns them into one unittest outcome
-(harness/launch/outcome.py), replaying each grid point as a subtest. Nothing a test
+(harness/launch/verdict.py), replaying each grid point as a subtest. Nothing a test
 started outlives it.
 """
 
@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from harness import devices
-from harness.launch.outcome import RankRecord, apply_verdict, decide
+from harness.launch.report import RankRecord
+from harness.launch.verdict import apply_verdict, decide
 from harness.process import forkserver
 from harness.process.rank import RankSpec
 from harness.process.supervisor import RankGroup

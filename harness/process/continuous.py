@@ -27,7 +27,7 @@ import torch.distributed as dist
 from harness import devices
 from harness.compat import local_tensor as compat_local_tensor
 from harness.kit.fsdp import FSDPTestMixin
-from harness.launch.outcome import apply_verdict, decide
+from harness.launch.verdict import apply_verdict, decide
 from harness.process import shared as shared_ranks
 from harness.process.case import MAIN_PROCESS_RANK, MultiProcessTestCase
 from harness.skips import accelerators_suffice

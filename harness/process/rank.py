@@ -2,7 +2,7 @@
 
 The parent (harness/process/case.py) only supervises. A rank re-creates its TestCase by
 name, runs it with `case.run(result)` so unittest's own machinery (setUp, subTest,
-skips, expected failures) applies unchanged, and `ForwardingResult` sends each event to
+skips, expected failures) applies unchanged, and `ReportingResult` sends each event to
 the parent over a pipe, where the outcome is decided. A fresh rank (`main`) runs one test
 and exits; a shared rank (`serve`) sets its class up once and runs each test the parent
 sends it, reporting each test's events exactly as a fresh rank does. This module must stay
@@ -27,14 +27,13 @@ import unittest
 from dataclasses import dataclass
 from multiprocessing import parent_process
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
 from harness.compat import cpu_defaults as compat_cpu_defaults
 from harness.compat import flight_recorder as compat_flight_recorder
-from harness.launch.outcome import Event, picklable_params
-from harness.skips import SKIP_BY_EXIT_CODE
+from harness.launch.report import Event, ReportingResult, format_error, skip_exit_reason
 
 STACK_SIGNAL = signal.SIGUSR1  # the parent sends it to get a rank's Python stack
 COLLECTIVES_SIGNAL = signal.SIGUSR2  # ... and this one for the collectives it entered
@@ -61,9 +60,9 @@ class RankSpec:
 def main(spec: RankSpec, channel: Connection) -> None:
     """Entry point of a rank process: run the test once and exit without interpreter teardown."""
     _set_up_process(spec)
-    result = ForwardingResult(channel)
-    _run_case(lambda: load_case(spec), result, channel)
-    channel.send(Event("done", count=result.grid_points))
+    result = ReportingResult(channel)
+    grid_points = _run_case(lambda: load_case(spec), result, channel)
+    channel.send(Event("done", count=grid_points))
     _leave(channel)
 
 
@@ -142,14 +141,14 @@ def _run_shared_test(cls: Any, spec: RankSpec, task: Task, channel: Connection) 
         case._attach_rank(spec.rank, spec.world_size, task.file_name)
         return case
 
-    result = ForwardingResult(channel, hold_success=True)
-    _run_case(make_case, result, channel)
-    channel.send([*result.held, Event("done", count=result.grid_points)])  # one message
+    result = ReportingResult(channel, hold_success=True)
+    grid_points = _run_case(make_case, result, channel)
+    channel.send([*result.held, Event("done", count=grid_points)])  # one message
     return result.passed
 
 
 def _run_case(
-    make_case: Callable[[], Any], result: ForwardingResult, channel: Connection
+    make_case: Callable[[], Any], result: ReportingResult, channel: Connection
 ) -> None:
     """Build the rank's case and run it; a case that cannot even be built is a failure."""
     try:
@@ -299,88 +298,8 @@ def load_case(spec: RankSpec) -> unittest.TestCase:
     return case
 
 
-class ForwardingResult(unittest.TestResult):
-    """A unittest result that sends every event to the parent instead of keeping it."""
-
-    def __init__(self, channel: Connection, hold_success: bool = False) -> None:
-        super().__init__()
-        self._channel = channel
-        self._hold_success = hold_success  # sent with "done" by the caller: one message less
-        self.held: List[Event] = []
-        self.grid_points = 0
-        self.failed = False  # the test itself (not a grid point) failed in this rank
-        self.passed = False  # it passed in this rank (no failure, skip or failed grid point)
-
-    def _send(self, event: Event) -> None:
-        self._channel.send(event)
-
-    def addSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802 - unittest's naming
-        self.passed = True
-        if self._hold_success:
-            self.held.append(Event("success"))
-        else:
-            self._send(Event("success"))
-
-    def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
-        self.failed = True
-        self._send(Event("failure", format_error(err)))
-
-    def addError(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
-        skip = skip_exit_reason(err)
-        if skip is not None:
-            self.addSkip(test, skip)
-        else:
-            self.addFailure(test, err)
-
-    def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
-        if getattr(test, "test_case", None) is not None:  # a skipped grid point (subTest)
-            self._send(Event("subtest", reason, _params_of(test), "skip"))
-        else:
-            self._send(Event("skip", reason))
-
-    def addSubTest(self, test: unittest.TestCase, subtest: Any, err: Any) -> None:  # noqa: N802
-        params = _params_of(subtest)
-        if err is None:
-            self._send(Event("subtest", "", params, "pass"))
-            return
-        skip = skip_exit_reason(err)
-        if skip is not None:
-            self._send(Event("subtest", skip, params, "skip"))
-        else:
-            self._send(Event("subtest", format_error(err), params, "fail"))
-
-    def addExpectedFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
-        self.failed = True
-        self._send(Event("expected_failure", format_error(err)))
-
-    def addUnexpectedSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802
-        self._send(Event("unexpected_success"))
-
-
-def _params_of(subtest: Any) -> Dict[str, Any]:
-    return picklable_params(dict(getattr(subtest, "params", {}) or {}))
-
-
 def _skip_reason(err: Tuple[Any, Any, Any]) -> Optional[str]:
     """Why setting a rank up skipped: SkipTest, or `sys.exit` with a skip code; else None."""
     if err[0] is not None and issubclass(err[0], unittest.SkipTest):
         return str(err[1])
     return skip_exit_reason(err)
-
-
-def skip_exit_reason(err: Tuple[Any, Any, Any]) -> Optional[str]:
-    """The TEST_SKIPS message when the error is `sys.exit(code)` with a skip code, else None."""
-    exctype, value, _ = err
-    if exctype is not None and issubclass(exctype, SystemExit):
-        code = getattr(value, "code", None)
-        if code in SKIP_BY_EXIT_CODE:
-            return SKIP_BY_EXIT_CODE[code].message
-    return None
-
-
-def format_error(err: Tuple[Any, Any, Any]) -> str:
-    """The traceback as text, without the leading unittest/harness frames (as unittest does)."""
-    exctype, value, tb = err
-    while tb is not None and "__unittest" in tb.tb_frame.f_globals:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(exctype, value, tb))

@@ -26,7 +26,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from harness import devices
-from harness.launch.outcome import RankRecord
+from harness.launch.report import RankRecord
 from harness.process import forkserver
 from harness.process.rank import RankSpec
 from harness.process.supervisor import RankGroup

@@ -10,7 +10,7 @@ It collects what the ranks report until they have all exited (shared ranks: unti
 reported "done" for the round), stops the others a few seconds after one failed or skipped
 (fail fast), and at the timeout; before stopping a rank it has the rank dump its Python
 stack into its output, so the report can show where it was. Deciding the outcome is
-harness/launch/outcome.py's job.
+harness/launch/verdict.py's job.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Dict, List, Set
 
 from harness.launch import collective_trace
-from harness.launch.outcome import RankRecord
+from harness.launch.report import RankRecord
 from harness.process.rank import (
     COLLECTIVES_SIGNAL,
     STACK_SIGNAL,

@@ -6,7 +6,7 @@ thread per rank; each thread builds its own instance of the test case, initialis
 default process group with the `threaded` backend (harness/threads/backend.py), and runs the
 case with `case.run(result)` so setUp, subTest grids and skips work as in a single
 process. The supervisor then turns every rank's events into one outcome with the same
-rules as for processes (harness/launch/outcome.py): a failure names the rank and its traceback,
+rules as for processes (harness/launch/verdict.py): a failure names the rank and its traceback,
 skips keep their reason, and a timeout says `timed out` with every running rank's stack.
 """
 
@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from harness import devices
 from harness.compat import c10d_world
-from harness.launch.outcome import Event, RankRecord, apply_verdict, decide
-from harness.process.rank import ForwardingResult, format_error
+from harness.launch.report import Event, RankRecord, RecordSink, ReportingResult, format_error
+from harness.launch.verdict import apply_verdict, decide
 from harness.skips import check_case_requirements
 from harness.testcase import TestCase, route_test_method
 from harness.threads import backend as threaded_pg
@@ -43,23 +43,6 @@ class RankThreadStopped(BaseException):
     """Raised inside a rank thread that the supervisor stops (timeout or fail-fast)."""
 
 
-class _EventSink:
-    """Collects what a rank's ForwardingResult sends (the threads' stand-in for a pipe)."""
-
-    def __init__(self, record: RankRecord) -> None:
-        self.record = record
-
-    def send(self, event: Event) -> None:
-        if self.record.stopped and event.kind != "done":
-            return  # the fallout of being stopped; the stack taken before says more
-        if event.kind in ("failure", "expected_failure"):
-            self.record.problem_at = min(self.record.problem_at, time.monotonic())
-        self.record.events.append(event)
-
-    def failed(self) -> bool:
-        return any(e.kind in ("failure", "expected_failure") for e in self.record.events)
-
-
 class _RankThreads:
     """The rank threads of one test, the world they share, and their supervision."""
 
@@ -68,7 +51,7 @@ class _RankThreads:
         # out (with stacks) rather than as a collective timing out.
         self.world = thread_world.ThreadedWorld(world_size, timeout + FAIL_FAST_GRACE_S)
         self.records = [RankRecord(rank) for rank in range(world_size)]
-        self.sinks = [_EventSink(record) for record in self.records]
+        self.sinks = [RecordSink(record) for record in self.records]
         self.threads: List[threading.Thread] = []
 
     def start(self, target: Callable[[int], None]) -> None:
@@ -266,13 +249,13 @@ class MultiThreadedTestCase(TestCase):
         except BaseException:
             sink.send(Event("failure", format_error(sys.exc_info())))
         try:
-            if case is not None and not sink.failed():
-                case.run(ForwardingResult(sink))  # type: ignore[arg-type]
-                case._finish_rank_thread(passed=not sink.failed())
+            if case is not None and not sink.failed:
+                case.run(ReportingResult(sink))
+                case._finish_rank_thread(passed=not sink.failed)
         except BaseException:
             sink.send(Event("failure", format_error(sys.exc_info())))
         finally:
-            failed = sink.failed()
+            failed = sink.failed
             grid_points = getattr(case, "_grid_points_run", 0)
             sink.send(Event("done", count=grid_points))
             world.rank_exited(rank, "failed its test" if failed else "finished its test")

@@ -1,122 +1,25 @@
-"""What ranks report to their parent, and the rules that turn all reports into one outcome.
+"""The one merge: every rank's RankRecord of a test, turned into that test's outcome.
 
-Kept free of process handling so the rules of DESIGN.md (what counts as a failure, a skip
-or a timeout, and what the message says) can be read, and tested, in one place.
+Whatever mode ran the ranks (fresh or shared processes, threads, torchrun), `decide` applies
+DESIGN.md's rules (what counts as a failure, a skip or a timeout, and what the message
+says) and `apply_verdict` reports the result as the supervising case's own outcome, each
+grid point replayed as a subtest. Kept free of process and thread handling so the rules can
+be read, and tested, in one place.
 """
 
 from __future__ import annotations
 
-import pickle
-import signal
 import unittest
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional
 
-from harness.launch.collective_trace import CollectiveCall, collectives_section, disagreement
-from harness.skips import SKIP_BY_EXIT_CODE
+from harness.launch.collective_trace import collectives_section, disagreement
+from harness.launch.report import RankRecord
 
 # unittest hides frames of modules that define this: a verdict's report is the ranks' story,
 # not the frames that raise it here.
 __unittest = True
 
 OUTPUT_TAIL_LINES = 200
-
-
-class Event(NamedTuple):
-    """One report from a rank: what unittest told the rank's result object, made picklable.
-
-    kind: "success", "failure" (text: traceback), "skip" (text: reason), "expected_failure"
-    (text: traceback), "unexpected_success", "subtest" (params, status pass/fail/skip, text),
-    "done" (count: grid points the rank ran).
-    """
-
-    kind: str
-    text: str = ""
-    params: Optional[Dict[str, Any]] = None
-    status: str = ""
-    count: int = 0
-
-
-class Shown(str):
-    """A parameter value that could not be pickled, kept as its repr so it displays the same."""
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
-def picklable_params(params: Dict[str, Any]) -> Dict[str, Any]:
-    """Grid-point params that can cross the pipe: unpicklable values become their repr."""
-    safe = {}
-    for name, value in params.items():
-        try:
-            pickle.dumps(value)
-        except Exception:
-            value = Shown(repr(value))
-        safe[name] = value
-    return safe
-
-
-@dataclass
-class RankRecord:
-    """Everything the parent learned about one rank of one test."""
-
-    rank: int
-    pid: Optional[int] = None
-    events: List[Event] = field(default_factory=list)
-    exitcode: Optional[int] = None
-    stopped: bool = False  # the parent killed it (fail-fast or timeout)
-    output: str = ""
-    stack: str = ""  # Python stack dumped just before the parent stopped it
-    collectives: Optional[List[CollectiveCall]] = None  # what it entered, when it could tell
-    problem_at: float = float("inf")  # when the parent first saw this rank fail
-
-    @property
-    def finished(self) -> bool:
-        return any(e.kind == "done" for e in self.events)
-
-    @property
-    def grid_points(self) -> int:
-        return max((e.count for e in self.events if e.kind == "done"), default=0)
-
-    def skip_reason(self) -> Optional[str]:
-        """Why this rank skipped the test (SkipTest or a TEST_SKIPS exit code), if it did."""
-        for event in self.events:
-            if event.kind == "skip":
-                return event.text
-        if not self.finished and self.exitcode in SKIP_BY_EXIT_CODE:
-            return SKIP_BY_EXIT_CODE[self.exitcode].message
-        return None
-
-    def problems(self) -> List[str]:
-        """Each way this rank failed, as 'rank N ...' text; empty when it did not fail."""
-        found = [
-            f"rank {self.rank} raised:\n{e.text.rstrip()}"
-            for e in self.events
-            if e.kind in ("failure", "expected_failure")
-        ]
-        if self.stopped or self.exitcode is None:
-            return found
-        if self.exitcode < 0:
-            found.append(f"rank {self.rank} died by signal {signal_name(-self.exitcode)}")
-        elif self.exitcode in SKIP_BY_EXIT_CODE:
-            pass  # a skip, decided by skip_reason()
-        elif self.exitcode != 0:
-            after = " after its test finished" if self.finished else ""
-            found.append(f"rank {self.rank} exited with code {self.exitcode}{after}")
-        elif not self.finished:
-            found.append(f"rank {self.rank} exited with code 0 before its test finished")
-        return found
-
-    @property
-    def failed(self) -> bool:
-        return bool(self.problems())
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
 
 
 class SubtestVerdict(NamedTuple):

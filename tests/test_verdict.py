@@ -1,4 +1,4 @@
-"""harness.launch.outcome: every rank's record, turned into one outcome by DESIGN.md's rules.
+"""harness.launch.verdict: every rank's record, turned into one outcome by DESIGN.md's rules.
 
 Records and events are built by hand, so each rule (pass, raise, signal, exit code, skip,
 timeout, failing grid point) is checked without starting a process.
@@ -6,23 +6,18 @@ timeout, failing grid point) is checked without starting a process.
 
 from __future__ import annotations
 
-import pickle
 import unittest
 from typing import Any, Dict, Tuple
 
-from harness.launch.outcome import (
+from harness.launch.report import Event, RankRecord, signal_name
+from harness.launch.verdict import (
     OUTPUT_TAIL_LINES,
-    Event,
-    RankRecord,
-    Shown,
     SubtestVerdict,
     Verdict,
     apply_verdict,
     decide,
     merge_subtests,
     output_section,
-    picklable_params,
-    signal_name,
 )
 from harness.skips import TEST_SKIPS
 
@@ -184,24 +179,6 @@ class Decide(unittest.TestCase):
         )
 
 
-class RankRecordRules(unittest.TestCase):
-    def test_no_exit_code_yet_is_not_a_problem(self) -> None:
-        self.assertEqual(RankRecord(rank=0).problems(), [])
-        self.assertFalse(RankRecord(rank=0).failed)
-
-    def test_finished_and_grid_points_come_from_done_events(self) -> None:
-        record = RankRecord(rank=0, events=[Event("done", count=2), Event("done", count=4)])
-        self.assertEqual((record.finished, record.grid_points), (True, 4))
-        self.assertEqual((RankRecord(rank=0).finished, RankRecord(rank=0).grid_points), (False, 0))
-
-    def test_skip_event_wins_over_exit_code(self) -> None:
-        record = RankRecord(
-            rank=0, events=[Event("skip", text="why")], exitcode=TEST_SKIPS["nccl"].exit_code
-        )
-        self.assertEqual(record.skip_reason(), "why")
-        self.assertIsNone(done(0).skip_reason())
-
-
 class MergeSubtests(unittest.TestCase):
     def test_points_merge_across_ranks_in_first_seen_order(self) -> None:
         records = [
@@ -270,16 +247,6 @@ class SignalName(unittest.TestCase):
         self.assertEqual(verdict.message, "rank 1 died by signal SIGSEGV")
 
 
-class Picklable(unittest.TestCase):
-    def test_unpicklable_values_become_their_repr(self) -> None:
-        fn = lambda: None  # noqa: E731 (a lambda is what cannot be pickled)
-        safe = picklable_params({"n": 3, "fn": fn})
-        self.assertEqual(safe["n"], 3)
-        self.assertIsInstance(safe["fn"], Shown)
-        self.assertEqual(repr(safe["fn"]), repr(fn))
-        self.assertEqual(pickle.loads(pickle.dumps(safe)), {"n": 3, "fn": repr(fn)})
-
-
 class OutputSection(unittest.TestCase):
     def test_long_output_keeps_its_tail(self) -> None:
         lines = [f"line {i}" for i in range(OUTPUT_TAIL_LINES + 5)]
@@ -320,7 +287,7 @@ class ApplyVerdict(unittest.TestCase):
         failed, text = result.failures[0]
         self.assertIs(failed, case)
         self.assertIn("AssertionError: rank 1 exited with code 3", text)
-        self.assertNotIn("harness/launch/outcome.py", text)  # the harness's own frames are hidden
+        self.assertNotIn("harness/launch/verdict.py", text)  # the harness's own frames are hidden
 
     def test_skip(self) -> None:
         result, case = self.run_case(Verdict("skip", "needs 8 GPUs", [], 0))

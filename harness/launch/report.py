@@ -1,0 +1,285 @@
+"""What one rank reports about one test: its events, and the record that travels between modes.
+
+A rank runs its TestCase with `ReportingResult`, which turns each of unittest's callbacks
+into an `Event` and sends it to a sink: a pipe to the supervising process (fresh and shared
+processes, so a failure is seen at once and the other ranks are stopped), or a
+`RecordSink` that appends it to the rank's `RankRecord` in memory (threads, torchrun).
+`RankRecord` is the one record every launch mode hands to the merge
+(harness/launch/verdict.py); `to_json`/`from_json` carry it across hosts (torchrun's ranks
+exchange it). Kept free of process and thread handling so both modes can build on it.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import signal
+import time
+import traceback
+import unittest
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+from harness.launch.collective_trace import CollectiveCall
+from harness.skips import SKIP_BY_EXIT_CODE
+
+ExcInfo = Tuple[Any, Any, Any]
+
+
+class Event(NamedTuple):
+    """One report from a rank: what unittest told the rank's result object, made picklable.
+
+    kind: "success", "failure" (text: traceback), "skip" (text: reason), "expected_failure"
+    (text: traceback), "unexpected_success", "subtest" (params, status pass/fail/skip, text),
+    "done" (count: grid points the rank ran).
+    """
+
+    kind: str
+    text: str = ""
+    params: Optional[Dict[str, Any]] = None
+    status: str = ""
+    count: int = 0
+
+
+class Shown(str):
+    """A parameter value that could not cross to the parent, kept as its repr so it displays
+    the same."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def picklable_params(params: Dict[str, Any]) -> Dict[str, Any]:
+    """Grid-point params that can cross the pipe: unpicklable values become their repr."""
+    safe = {}
+    for name, value in params.items():
+        try:
+            pickle.dumps(value)
+        except Exception:
+            value = Shown(repr(value))
+        safe[name] = value
+    return safe
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+@dataclass
+class RankRecord:
+    """Everything known about one rank of one test, whichever mode ran it."""
+
+    rank: int
+    pid: Optional[int] = None
+    events: List[Event] = field(default_factory=list)
+    exitcode: Optional[int] = None
+    stopped: bool = False  # the supervisor stopped it (fail-fast or timeout)
+    output: str = ""
+    stack: str = ""  # Python stack taken just before the supervisor stopped it
+    collectives: Optional[List[CollectiveCall]] = None  # what it entered, when it could tell
+    problem_at: float = float("inf")  # when the supervisor first saw this rank fail
+    duration: float = 0.0  # seconds the rank spent on the test, when it measured them
+
+    @property
+    def finished(self) -> bool:
+        return any(e.kind == "done" for e in self.events)
+
+    @property
+    def grid_points(self) -> int:
+        return max((e.count for e in self.events if e.kind == "done"), default=0)
+
+    def skip_reason(self) -> Optional[str]:
+        """Why this rank skipped the test (SkipTest or a TEST_SKIPS exit code), if it did."""
+        for event in self.events:
+            if event.kind == "skip":
+                return event.text
+        if not self.finished and self.exitcode in SKIP_BY_EXIT_CODE:
+            return SKIP_BY_EXIT_CODE[self.exitcode].message
+        return None
+
+    def problems(self) -> List[str]:
+        """Each way this rank failed, as 'rank N ...' text; empty when it did not fail."""
+        found = [
+            f"rank {self.rank} raised:\n{e.text.rstrip()}"
+            for e in self.events
+            if e.kind in ("failure", "expected_failure")
+        ]
+        if self.stopped or self.exitcode is None or self.exitcode in SKIP_BY_EXIT_CODE:
+            return found  # a skip code is decided by skip_reason()
+        if self.exitcode < 0:
+            found.append(f"rank {self.rank} died by signal {signal_name(-self.exitcode)}")
+        elif self.exitcode != 0:
+            after = " after its test finished" if self.finished else ""
+            found.append(f"rank {self.rank} exited with code {self.exitcode}{after}")
+        elif not self.finished:
+            found.append(f"rank {self.rank} exited with code 0 before its test finished")
+        return found
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.problems())
+
+    def to_json(self) -> str:
+        """The record as JSON text; params that JSON cannot carry travel as their repr."""
+        data: Dict[str, Any] = {
+            "rank": self.rank,
+            "pid": self.pid,
+            "events": [_event_to_json(e) for e in self.events],
+            "exitcode": self.exitcode,
+            "stopped": self.stopped,
+            "output": self.output,
+            "stack": self.stack,
+            "collectives": None if self.collectives is None else [
+                [c.op, c.group, c.seq, list(c.inputs), c.completed] for c in self.collectives
+            ],
+            "problem_at": None if self.problem_at == float("inf") else self.problem_at,
+            "duration": self.duration,
+        }
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> RankRecord:
+        """The record `to_json` wrote (a value that travelled as its repr comes back `Shown`)."""
+        data = json.loads(text)
+        calls = data["collectives"]
+        return cls(
+            rank=data["rank"],
+            pid=data["pid"],
+            events=[_event_from_json(e) for e in data["events"]],
+            exitcode=data["exitcode"],
+            stopped=data["stopped"],
+            output=data["output"],
+            stack=data["stack"],
+            collectives=None if calls is None else [
+                CollectiveCall(op, group, seq, tuple(inputs), completed)
+                for op, group, seq, inputs, completed in calls
+            ],
+            problem_at=float("inf") if data["problem_at"] is None else data["problem_at"],
+            duration=data["duration"],
+        )
+
+
+_JSON_SAFE = (str, int, float, bool, type(None))
+
+
+def _event_to_json(event: Event) -> Dict[str, Any]:
+    data = event._asdict()
+    if event.params is not None:
+        # Each value is tagged: "v" kept as is, "r" its repr (a tuple would come back a list).
+        data["params"] = {
+            name: ["v", value] if type(value) in _JSON_SAFE else ["r", repr(value)]
+            for name, value in event.params.items()
+        }
+    return data
+
+
+def _event_from_json(data: Dict[str, Any]) -> Event:
+    params = data.get("params")
+    if params is not None:
+        data = {
+            **data,
+            "params": {
+                name: value if tag == "v" else Shown(value) for name, (tag, value) in params.items()
+            },
+        }
+    return Event(**data)
+
+
+def format_error(exc_info: ExcInfo) -> str:
+    """The traceback as text, without the leading unittest/harness frames (as unittest does)."""
+    exctype, value, tb = exc_info
+    while tb is not None and "__unittest" in tb.tb_frame.f_globals:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(exctype, value, tb))
+
+
+def skip_exit_reason(exc_info: ExcInfo) -> Optional[str]:
+    """The TEST_SKIPS message when the error is `sys.exit(code)` with a skip code, else None."""
+    exctype, value, _ = exc_info
+    if exctype is not None and issubclass(exctype, SystemExit):
+        code = getattr(value, "code", None)
+        if code in SKIP_BY_EXIT_CODE:
+            return SKIP_BY_EXIT_CODE[code].message
+    return None
+
+
+class ReportingResult(unittest.TestResult):
+    """A unittest result that sends every event to a sink (anything with `.send(event)`)
+    instead of keeping it: the rank's side of the report."""
+
+    def __init__(self, sink: Any, hold_success: bool = False) -> None:
+        super().__init__()
+        self._sink = sink
+        self._hold_success = hold_success  # sent with "done" by the caller: one message less
+        self.held: List[Event] = []
+        self.failed = False  # the test itself (not a grid point) failed in this rank
+        self.passed = False  # it passed in this rank (no failure, skip or failed grid point)
+
+    def addSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802 - unittest's naming
+        self.passed = True
+        if self._hold_success:
+            self.held.append(Event("success"))
+        else:
+            self._sink.send(Event("success"))
+
+    def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+        self.failed = True
+        self._sink.send(Event("failure", format_error(err)))
+
+    def addError(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+        skip = skip_exit_reason(err)
+        if skip is not None:
+            self.addSkip(test, skip)
+        else:
+            self.addFailure(test, err)
+
+    def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
+        if getattr(test, "test_case", None) is not None:  # a skipped grid point (subTest)
+            self._sink.send(Event("subtest", reason, _params_of(test), "skip"))
+        else:
+            self._sink.send(Event("skip", reason))
+
+    def addSubTest(self, test: unittest.TestCase, subtest: Any, err: Any) -> None:  # noqa: N802
+        params = _params_of(subtest)
+        if err is None:
+            self._sink.send(Event("subtest", "", params, "pass"))
+            return
+        skip = skip_exit_reason(err)
+        if skip is not None:
+            self._sink.send(Event("subtest", skip, params, "skip"))
+        else:
+            self._sink.send(Event("subtest", format_error(err), params, "fail"))
+
+    def addExpectedFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+        self.failed = True
+        self._sink.send(Event("expected_failure", format_error(err)))
+
+    def addUnexpectedSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802
+        self._sink.send(Event("unexpected_success"))
+
+
+def _params_of(subtest: Any) -> Dict[str, Any]:
+    return picklable_params(dict(getattr(subtest, "params", {}) or {}))
+
+
+class RecordSink:
+    """A sink that appends each event to a RankRecord in memory: the stand-in for a pipe
+    where the rank and its record live in one process (threads, torchrun)."""
+
+    def __init__(self, record: RankRecord) -> None:
+        self.record = record
+
+    def send(self, event: Event) -> None:
+        if self.record.stopped and event.kind != "done":
+            return  # the fallout of being stopped; the stack taken before says more
+        if event.kind in ("failure", "expected_failure"):
+            self.record.problem_at = min(self.record.problem_at, time.monotonic())
+        self.record.events.append(event)
+
+    @property
+    def failed(self) -> bool:
+        """Whether the rank reported a failure of the test (grid points aside)."""
+        return any(e.kind in ("failure", "expected_failure") for e in self.record.events)
