@@ -149,16 +149,17 @@ def _run_shared_test(cls: Any, spec: RankSpec, task: Task, channel: Connection) 
 
 def _run_case(
     make_case: Callable[[], Any], result: ReportingResult, channel: Connection
-) -> None:
-    """Build the rank's case and run it; a case that cannot even be built is a failure."""
+) -> int:
+    """Build the rank's case and run it; a case that cannot even be built is a failure.
+    Returns how many grid points the case ran."""
     try:
         case = make_case()
     except Exception:
         channel.send(Event("failure", format_error(sys.exc_info())))
-        return
+        return 0
     case._rank_result = result
     case.run(result)
-    result.grid_points = getattr(case, "_grid_points_run", 0)
+    return getattr(case, "_grid_points_run", 0)
 
 
 def _set_up_process(spec: RankSpec) -> None:
