@@ -23,7 +23,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness import TEST_WITH_DEV_DBG_ASAN, FSDPTest, run_tests, skip_if_lt_x_gpu
-from harness.compat import torch_internals as compat
+from harness.compat import fsdp1
 from harness.devices import default_world_size
 from harness.kit.fsdp1_grads import assert_fsdp1_grads_equal, named_grads
 
@@ -108,7 +108,7 @@ class TestFSDPFineTune(FSDPTest):
                 optim.zero_grad()
             torch.testing.assert_close(losses[0], losses[1])
             if check_resharded:
-                self.assertEqual(compat.fsdp1_unsharded_handles(fsdp_seq), [])
+                self.assertEqual(fsdp1.unsharded_handles(fsdp_seq), [])
         with FSDP.summon_full_params(fsdp_seq):
             for fsdp_param, ddp_param in zip(fsdp_seq.parameters(), ddp_seq.module.parameters()):
                 self.assertEqual(fsdp_param, ddp_param)
@@ -183,7 +183,7 @@ class TestFSDPFineTune(FSDPTest):
             device_id=self.device,
         )
         num_steps, no_grad_step = 3, 1
-        with compat.record_fsdp1_post_backward_reshards() as reshards:
+        with fsdp1.record_post_backward_reshards() as reshards:
             for step in range(num_steps):
                 unfrozen = unfreeze_params and step == num_steps - 1
                 if unfrozen:
@@ -195,18 +195,18 @@ class TestFSDPFineTune(FSDPTest):
                         seq(inp)
                     self.assertEqual(len(reshards), 0)
                     if sharding_strategy == ShardingStrategy.FULL_SHARD:
-                        self.assertEqual(compat.fsdp1_unsharded_handles(seq), [])
+                        self.assertEqual(fsdp1.unsharded_handles(seq), [])
                     continue
                 out = seq(inp)
                 if sharding_strategy == ShardingStrategy.SHARD_GRAD_OP:
                     # Kept unsharded after forward, so only the post-backward can reshard
-                    self.assertEqual(len(compat.fsdp1_unsharded_handles(seq)), self.NUM_LINEARS)
+                    self.assertEqual(len(fsdp1.unsharded_handles(seq)), self.NUM_LINEARS)
                 out.sum().backward()
                 hookable = self.NUM_LINEARS - (0 if inp_requires_grad or unfrozen else 1)
                 self.assertEqual(len(reshards), hookable)
                 # Only an unhooked linear may keep its unsharded copy (the catch-all reshard
                 # does not always free it); every hooked one must have been resharded
-                unsharded = compat.fsdp1_unsharded_handles(seq)
+                unsharded = fsdp1.unsharded_handles(seq)
                 self.assertLessEqual(len(unsharded), self.NUM_LINEARS - hookable, msg=unsharded)
                 self.assertEqual(len({id(handle) for handle in reshards}), hookable)
                 for i in range(self.NUM_LINEARS):

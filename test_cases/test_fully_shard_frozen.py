@@ -26,7 +26,7 @@ from harness import (
     run_tests,
     skip_if_lt_x_gpu,
 )
-from harness.compat import torch_internals as compat
+from harness.compat import distributed, fsdp2, fsdp_collectives
 from harness.devices import default_world_size
 
 
@@ -43,7 +43,7 @@ class TestFullyShardFrozen(FSDPTest):
         device_ids: Optional[List[int]] = (
             None if self.device.type == "cpu" else [self.device.index]
         )
-        return compat.composable_replicate(
+        return distributed.composable_replicate(
             module.to(self.device), device_ids=device_ids, **kwargs
         )
 
@@ -91,7 +91,7 @@ class TestFullyShardFrozen(FSDPTest):
         mesh = self._mesh()
         for mlp in model:
             if use_activation_checkpointing:
-                compat.composable_checkpoint(mlp)
+                distributed.composable_checkpoint(mlp)
             fully_shard(mlp, mesh=mesh, reshard_after_forward=reshard_after_forward)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
         optim = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -108,8 +108,8 @@ class TestFullyShardFrozen(FSDPTest):
         in_post_backward = False
         post_backward_calls = 0
         reduce_scatters_in_post_backward: List[bool] = []
-        orig_backward = compat.register_post_backward_function().backward
-        orig_reduce_scatter = getattr(dist, compat.fsdp_reduce_scatter_name())
+        orig_backward = fsdp2.register_post_backward_function().backward
+        orig_reduce_scatter = getattr(dist, fsdp_collectives.reduce_scatter_name())
 
         def backward_with_count(*args, **kwargs):
             nonlocal in_post_backward, post_backward_calls
@@ -185,7 +185,7 @@ class TestFullyShardFrozen(FSDPTest):
                 fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
         ref_optim = torch.optim.Adam(ref_model.parameters(), lr=1e-2)
         optim = torch.optim.Adam(model.parameters(), lr=1e-2)
-        orig_backward = compat.register_post_backward_function().backward
+        orig_backward = fsdp2.register_post_backward_function().backward
         backward_count = 0
 
         def _set_requires_grad(seq: nn.Module, requires_grad: bool):

@@ -52,7 +52,7 @@ from harness import (
     run_tests,
     skip_if_lt_x_gpu,
 )
-from harness.compat import torch_internals as compat
+from harness.compat import autograd, distributed, fsdp1
 from harness.kit.fsdp1_grads import assert_fsdp1_grads_equal, named_grads
 
 if not dist.is_available():
@@ -104,7 +104,7 @@ class TestFSDPMiscMultiProcess(FSDPTest):
 
     @property
     def process_group(self):
-        return compat.default_process_group()
+        return distributed.default_process_group()
 
     @skip_if_lt_x_gpu(2)
     @parametrize("use_index", [True, False])
@@ -202,8 +202,8 @@ class TestFSDPMiscMultiProcess(FSDPTest):
             loss.backward()
 
             # self.a receives grad, self.b does not
-            a_grad = compat.fsdp_flat_param(fsdp.module.a).grad
-            b_grad = compat.fsdp_flat_param(fsdp.module.b).grad
+            a_grad = fsdp1.flat_param(fsdp.module.a).grad
+            b_grad = fsdp1.flat_param(fsdp.module.b).grad
             self.assertIsNotNone(a_grad)
             self.assertIsNone(b_grad)
 
@@ -233,7 +233,7 @@ class TestFSDPMiscMultiProcess(FSDPTest):
                 return (a, b)
 
         def _check_resharded(fsdp_module):
-            state = compat.fsdp_flat_param_resharded(fsdp_module)
+            state = fsdp1.flat_param_resharded(fsdp_module)
             if state is None:
                 return
             uses_sharded_strategy, unsharded_storage_size, on_local_shard = state
@@ -298,7 +298,7 @@ class TestFSDPMiscMultiProcess(FSDPTest):
             use_orig_params=False,
             device_id=self.device,
         )
-        compat.apply_optimizer_in_backward(
+        distributed.apply_optimizer_in_backward(
             optimizer_class=torch.optim.SGD,
             params=fsdp_overlap.parameters(),
             optimizer_kwargs={"lr": 0.03},
@@ -315,7 +315,7 @@ class TestFSDPMiscMultiProcess(FSDPTest):
         gloo_pg = dist.new_group(backend="gloo")
         # Hybrid sharding shards within `gloo_pg` and replicates across singleton groups.
         singleton_pgs = [dist.new_group([r], backend="gloo") for r in range(self.world_size)]
-        hybrid = (ShardingStrategy.HYBRID_SHARD, compat.hybrid_shard_zero2())
+        hybrid = (ShardingStrategy.HYBRID_SHARD, fsdp1.hybrid_shard_zero2())
         for ss in [
             ShardingStrategy.NO_SHARD,
             ShardingStrategy.FULL_SHARD,
@@ -439,7 +439,7 @@ class TestFSDPMiscMultiThread(FSDPTestMultiThread):
 
     @property
     def process_group(self):
-        return compat.default_process_group()
+        return distributed.default_process_group()
 
     @skip_if_lt_x_gpu(2, allow_cpu=True)
     def test_fsdp_namedtuple(self):
@@ -461,7 +461,7 @@ class TestFSDPMiscMultiThread(FSDPTestMultiThread):
         out = m(inp)
         # Ensure hooks are registered
         for x in out:
-            self.assertNotEqual([], compat.tensor_backward_hooks(x))
+            self.assertNotEqual([], autograd.backward_hooks(x))
 
         # TODO: we should check backward() and param is resharded as well, but
         # this is blocked by https://github.com/pytorch/pytorch/issues/83107
@@ -536,7 +536,7 @@ class TestFSDPMiscMultiThread(FSDPTestMultiThread):
             use_orig_params=use_orig_params,
         )
         cpu_device = torch.device("cpu")
-        handles = compat.fsdp_handles(fsdp_model)
+        handles = fsdp1.handles(fsdp_model)
         self.assertEqual(2, len(handles))
         for handle in handles:
             self.assertEqual(handle.flat_param.device, cpu_device)
@@ -740,7 +740,7 @@ class TestFSDPMiscMultiThread(FSDPTestMultiThread):
         ]
         self.assertEqual(
             [attr_name_and_values[0] for attr_name_and_values in all_attr_name_and_values],
-            list(compat.fsdp_homogeneous_attr_names()),
+            list(fsdp1.homogeneous_attr_names()),
         )
 
         self.run_subtests(
@@ -759,7 +759,7 @@ class TestFSDPMiscMultiThread(FSDPTestMultiThread):
 
         if "_use_full_prec_in_eval" == attr_name:
             model.module[1] = FSDP(model.module[1], device_id=self.device)
-            with _scoped_env(compat.fsdp_full_prec_in_eval_env(), "1"):
+            with _scoped_env(fsdp1.full_prec_in_eval_env(), "1"):
                 fsdp_model = FSDP(model, device_id=self.device)
         else:
             fsdp_kwargs_inner = {attr_name.lstrip("_"): attr_name_and_values[1]}
@@ -903,7 +903,7 @@ class TestFSDPMiscWorldSize1(FSDPTestMultiThread):
             return called_setattr_override
 
         inp = torch.randn((8, 5), device=self.device)
-        unsafe_setattr_env = compat.fsdp_unsafe_setattr_env()
+        unsafe_setattr_env = fsdp1.unsafe_setattr_env()
 
         # Safe setattr by default: FSDP goes through the module's `__setattr__`
         self.assertTrue(called_setattr_in_forward(inp))

@@ -16,7 +16,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import fully_shard
 
 from harness import devices
-from harness.compat import torch_internals as compat
+from harness.compat import fsdp2, fsdp_collectives, inductor
 from harness.kit.fsdp import FSDPTest
 from harness.kit.fsdp_helpers import (
     DummyProcessGroup,
@@ -45,14 +45,14 @@ from harness.testcase import TestCase
 
 # Each patch helper, what it patches (owner, attribute) in this torch.
 PATCHES = {
-    patch_all_gather: (dist, compat.fsdp_all_gather_name()),
+    patch_all_gather: (dist, fsdp_collectives.all_gather_name()),
     patch_all_reduce: (dist, "all_reduce"),
-    patch_reduce_scatter: (dist, compat.fsdp_reduce_scatter_name()),
-    patch_foreach_all_gather: (compat.fsdp_param_group_module(), "foreach_all_gather"),
-    patch_foreach_reduce: (compat.fsdp_param_group_module(), "foreach_reduce"),
-    patch_unshard: (compat.fsdp_param_group_class(), "unshard"),
-    patch_reshard: (compat.fsdp_param_group_class(), "reshard"),
-    patch_post_backward: (compat.fsdp_param_group_class(), "post_backward"),
+    patch_reduce_scatter: (dist, fsdp_collectives.reduce_scatter_name()),
+    patch_foreach_all_gather: (fsdp2.param_group_module(), "foreach_all_gather"),
+    patch_foreach_reduce: (fsdp2.param_group_module(), "foreach_reduce"),
+    patch_unshard: (fsdp2.param_group_class(), "unshard"),
+    patch_reshard: (fsdp2.param_group_class(), "reshard"),
+    patch_post_backward: (fsdp2.param_group_class(), "post_backward"),
 }
 
 
@@ -148,13 +148,13 @@ class TestHelpersSingleProcess(TestCase):
         def body(tag: str) -> None:
             seen.append((tag, fully_shard))
 
-        with mock.patch.object(compat, "has_triton", return_value=False):
+        with mock.patch.object(inductor, "has_triton", return_value=False):
             with self.assertWarnsRegex(UserWarning, "needs Triton"):
                 body("eager only")
         self.assertEqual(1, len(seen))
         self.assertIs(fully_shard, seen[0][1])
         seen.clear()
-        with mock.patch.object(compat, "has_triton", return_value=True):
+        with mock.patch.object(inductor, "has_triton", return_value=True):
             body("both")
         self.assertEqual(["both", "both"], [tag for tag, _ in seen])
         self.assertIs(fully_shard, seen[0][1])
@@ -186,9 +186,9 @@ class TestHelpersSingleProcess(TestCase):
         self.assertEqual(torch.device("cpu"), state["weight"].device)
 
     def test_patches_are_undone(self) -> None:
-        name = compat.fsdp_reduce_scatter_name()
+        name = fsdp_collectives.reduce_scatter_name()
         original = getattr(dist, name)
-        function_cls = compat.register_post_backward_function()
+        function_cls = fsdp2.register_post_backward_function()
         original_backward = function_cls.__dict__["backward"]
         with self.assertRaises(RuntimeError):
             with patch_reduce_scatter(lambda *a, **k: None):
@@ -254,19 +254,19 @@ class TestHelpersMultiProcess(FSDPTest):
     def test_patch_reduce_scatter_sees_fsdp1_and_fully_shard(self) -> None:
         torch.manual_seed(0)
         outputs: List[int] = []
-        orig = getattr(dist, compat.fsdp_reduce_scatter_name())
+        orig = getattr(dist, fsdp_collectives.reduce_scatter_name())
         reduce_scatter = functools.partial(
             reduce_scatter_with_assert, self, orig, lambda out: outputs.append(out.numel())
         )
-        fsdp1 = FSDP(nn.Linear(4, 4), device_id=self.device)
-        fsdp2 = fully_shard(nn.Linear(4, 6), mesh=self._mesh())
+        fsdp1_model = FSDP(nn.Linear(4, 4), device_id=self.device)
+        fsdp2_model = fully_shard(nn.Linear(4, 6), mesh=self._mesh())
         inp = torch.randn(2, 4, device=self.device)
         with patch_reduce_scatter(reduce_scatter):
-            fsdp1(inp).sum().backward()
+            fsdp1_model(inp).sum().backward()
             self.assertEqual(outputs, [10])  # (16 + 4) elements over 2 ranks
-            fsdp2(inp).sum().backward()
+            fsdp2_model(inp).sum().backward()
             self.assertEqual(outputs, [10, 15])  # (24 + 6) elements over 2 ranks
-        fsdp2(inp).sum().backward()
+        fsdp2_model(inp).sum().backward()
         self.assertEqual(len(outputs), 2, "the patch outlived its context")
 
     def test_fully_shard_patches_intercept_what_they_claim(self) -> None:
@@ -373,7 +373,7 @@ class TestHelpersMultiProcess(FSDPTest):
 
     def test_patch_register_post_backward_hook_backward(self) -> None:
         torch.manual_seed(0)
-        orig_backward = compat.register_post_backward_function().backward
+        orig_backward = fsdp2.register_post_backward_function().backward
         calls = 0
 
         def counting(*args: Any, **kwargs: Any) -> Any:

@@ -22,7 +22,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import enable_wrap
 from torch.distributed.tensor import DTensor
 
-from harness.compat import torch_internals as compat
+from harness.compat import fsdp1, fsdp_collectives
 from harness.kit.models import (
     MLP,
     AlwaysWrapNestedWrappedModule,
@@ -236,7 +236,7 @@ class TestNewModelsWithoutFSDP(TestCase):
         self.assertEqual(ranks[0].module[0].weight, ranks[1].module[0].weight)
 
     def test_module_with_delay_delays_loss_and_reduce_scatter(self) -> None:
-        name = compat.fsdp_reduce_scatter_name()
+        name = fsdp_collectives.reduce_scatter_name()
         calls: List[Any] = []
         waited: List[float] = []
 
@@ -479,7 +479,7 @@ class TestModelsWithFSDP(TestCase):
         self.assertIsInstance(expert, FSDP)
         self.assertIsInstance(shared, FSDP)
         self.assertEqual(1, dist.get_world_size(expert.process_group))
-        runtime = compat.fsdp1_runtime_module()
+        runtime = fsdp1.runtime_module()
         original = runtime._reshard
         start = time.monotonic()
         self._train_step(model)

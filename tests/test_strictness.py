@@ -1,8 +1,7 @@
 """Strictness of the FSDP suites: break FSDP on purpose, and the suites must fail.
 
 Covers test_cases/test_misc.py, test_fine_tune.py, test_fully_shard_frozen.py,
-test_exec_order.py and test_checkpoint_fine_tuning.py. Each fault in
-``harness.compat.torch_internals.FAULTS``
+test_exec_order.py and test_checkpoint_fine_tuning.py. Each fault in ``tests.faults.FAULTS``
 breaks one thing those suites promise to check (gradients reduced to the wrong value,
 sync_module_states doing nothing, the execution-order validation, DCP loading, ...). A test
 runs the suite tests that guard against its fault in a fresh interpreter with the fault
@@ -11,8 +10,9 @@ that the same tests pass without a fault.
 
 Rank processes start from clean interpreters (forkserver or spawn), so a patch made in this
 process would never reach them: each run's ``PYTHONPATH`` starts with a generated
-``sitecustomize.py`` that installs the fault named by ``HARNESS_STRICTNESS_FAULT`` in every
-interpreter of the run (the runner, the forkserver and each rank). One fault per run; to save
+``sitecustomize.py`` that installs the fault named by ``HARNESS_STRICTNESS_FAULT`` (from
+tests/faults.py; the repository root comes next on that path) in every interpreter of the run
+(the runner, the forkserver and each rank). One fault per run; to save
 time the run the next test needs is started while the current one is checked (at most two at
 once), and a run no test asked for is killed at the end.
 
@@ -41,9 +41,9 @@ RUN_TIMEOUT_S = 600
 _SITECUSTOMIZE = f"""\
 import os
 
-from harness.compat import torch_internals as compat
+from tests.faults import install_fault
 
-compat.install_fault(os.environ[{FAULT_ENV!r}])
+install_fault(os.environ[{FAULT_ENV!r}])
 """
 
 

@@ -4,7 +4,8 @@ They exist so that a suite can check *what FSDP did*, not only that it ran: that
 the same module state, that a sharded module matches a replicated reference shard by shard, that
 gradient reduce-scatters carry the expected number of elements, and that ``fully_shard``'s
 post-backward runs inside autograd. Patches are applied to what FSDP really calls in this torch
-(``harness.compat.torch_internals`` knows where that is), and every patch is undone on exit.
+(``harness.compat.fsdp_collectives`` and ``harness.compat.fsdp2`` know where that is), and every
+patch is undone on exit.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from harness import devices
-from harness.compat import torch_internals as compat
+from harness.compat import fsdp2, fsdp_collectives, inductor
 
 __all__ = [
     "DummyProcessGroup",
@@ -295,7 +296,7 @@ def patch_reduce_scatter(new_reduce_scatter: Callable[..., Any]) -> Iterator[Non
     ``group``, ``async_op``; positionally or by keyword). The original is restored on exit.
     """
     _check_callable("patch_reduce_scatter", new_reduce_scatter)
-    with _patched(dist, compat.fsdp_reduce_scatter_name(), new_reduce_scatter):
+    with _patched(dist, fsdp_collectives.reduce_scatter_name(), new_reduce_scatter):
         yield
 
 
@@ -305,7 +306,7 @@ def patch_all_gather(new_all_gather_into_tensor: Callable[..., Any]) -> Iterator
     ``fully_shard`` unshards with, as FSDP1 does on accelerators (FSDP1 on CPU all-gathers into a
     list instead); the original is restored on exit."""
     _check_callable("patch_all_gather", new_all_gather_into_tensor)
-    with _patched(dist, compat.fsdp_all_gather_name(), new_all_gather_into_tensor):
+    with _patched(dist, fsdp_collectives.all_gather_name(), new_all_gather_into_tensor):
         yield
 
 
@@ -323,7 +324,7 @@ def patch_foreach_all_gather(new_foreach_all_gather: Callable[..., Any]) -> Iter
     """Replace ``fully_shard``'s ``foreach_all_gather`` as its param groups call it (same
     arguments); the original is restored on exit."""
     _check_callable("patch_foreach_all_gather", new_foreach_all_gather)
-    with _patched(compat.fsdp_param_group_module(), "foreach_all_gather", new_foreach_all_gather):
+    with _patched(fsdp2.param_group_module(), "foreach_all_gather", new_foreach_all_gather):
         yield
 
 
@@ -332,7 +333,7 @@ def patch_foreach_reduce(new_foreach_reduce: Callable[..., Any]) -> Iterator[Non
     """Replace ``fully_shard``'s ``foreach_reduce`` (gradient reduce-scatter and all-reduce of a
     param group) as its param groups call it; the original is restored on exit."""
     _check_callable("patch_foreach_reduce", new_foreach_reduce)
-    with _patched(compat.fsdp_param_group_module(), "foreach_reduce", new_foreach_reduce):
+    with _patched(fsdp2.param_group_module(), "foreach_reduce", new_foreach_reduce):
         yield
 
 
@@ -341,7 +342,7 @@ def patch_unshard(new_unshard: Callable[..., Any]) -> Iterator[None]:
     """Replace ``FSDPParamGroup.unshard`` (a method: it receives the param group first, then
     ``async_op``); the original is restored on exit."""
     _check_callable("patch_unshard", new_unshard)
-    with _patched(compat.fsdp_param_group_class(), "unshard", new_unshard):
+    with _patched(fsdp2.param_group_class(), "unshard", new_unshard):
         yield
 
 
@@ -350,7 +351,7 @@ def patch_reshard(new_reshard: Callable[..., Any]) -> Iterator[None]:
     """Replace ``FSDPParamGroup.reshard`` (a method taking the param group); the original is
     restored on exit."""
     _check_callable("patch_reshard", new_reshard)
-    with _patched(compat.fsdp_param_group_class(), "reshard", new_reshard):
+    with _patched(fsdp2.param_group_class(), "reshard", new_reshard):
         yield
 
 
@@ -359,7 +360,7 @@ def patch_post_backward(new_post_backward: Callable[..., Any]) -> Iterator[None]
     """Replace ``FSDPParamGroup.post_backward`` (a method taking the param group and any
     unused arguments); the original is restored on exit."""
     _check_callable("patch_post_backward", new_post_backward)
-    with _patched(compat.fsdp_param_group_class(), "post_backward", new_post_backward):
+    with _patched(fsdp2.param_group_class(), "post_backward", new_post_backward):
         yield
 
 
@@ -372,7 +373,7 @@ def patch_register_post_backward_hook_backward(new_backward: Callable[..., Any])
     calls the original. The original is restored on exit.
     """
     _check_callable("patch_register_post_backward_hook_backward", new_backward)
-    function_cls = compat.register_post_backward_function()
+    function_cls = fsdp2.register_post_backward_function()
     with _patched(function_cls, "backward", staticmethod(new_backward)):
         yield
 
@@ -400,7 +401,7 @@ def compiled_fsdp_test(
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> None:
             func(*args, **kwargs)  # eager
-            if not compat.has_triton():
+            if not inductor.has_triton():
                 warnings.warn("Inductor on GPU needs Triton and recent GPU arch", stacklevel=2)
                 return
             scope = func.__globals__
@@ -408,7 +409,7 @@ def compiled_fsdp_test(
             _barrier_if_initialized()  # rank threads share the globals: patch them together
             scope["fully_shard"] = fully_shard_compiled
             try:
-                with compat.inductor_compile_threads(1):
+                with inductor.compile_threads(1):
                     func(*args, **kwargs)
             finally:
                 _barrier_if_initialized()

@@ -33,7 +33,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from harness.compat import torch_internals as compat
+from harness.compat import cuda, distributed, fsdp1, fsdp_collectives
 from harness.devices import device_type
 
 GroupArg = Union[dist.ProcessGroup, Tuple[dist.ProcessGroup, dist.ProcessGroup]]
@@ -110,7 +110,7 @@ def _delay(ms: float) -> None:
     if ms <= 0:
         return
     if device_type() == "cuda":
-        compat.cuda_stream_sleep(ms)
+        cuda.stream_sleep(ms)
     else:
         time.sleep(ms / 1000)
 
@@ -317,7 +317,7 @@ class ModuleWithDelay(FSDPTestModel):
         return loss
 
     def run_backward(self, loss: torch.Tensor) -> None:
-        name = compat.fsdp_reduce_scatter_name()
+        name = fsdp_collectives.reduce_scatter_name()
         orig_reduce_scatter = getattr(dist, name)
 
         def delayed_reduce_scatter(*args: Any, **kwargs: Any) -> Any:
@@ -431,7 +431,7 @@ class MixtureOfExperts(NestedWrappedModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         expert = self.module[2]
         if self.delay_before_free_ms > 0 and isinstance(expert, FSDP):
-            runtime = compat.fsdp1_runtime_module()
+            runtime = fsdp1.runtime_module()
             orig_reshard = runtime._reshard
 
             def delayed_reshard(*args: Any, **kwargs: Any) -> Any:
@@ -583,7 +583,7 @@ class TransformerWithSharedParams(FSDPTestModel):
         )
         hybrid = kwargs.get("sharding_strategy") in (
             ShardingStrategy.HYBRID_SHARD,
-            compat.hybrid_shard_zero2(),
+            fsdp1.hybrid_shard_zero2(),
         )
         # Hybrid sharding with a single group lets FSDP build its intra/inter-node groups.
         fsdp_group = None if hybrid and not isinstance(group, tuple) else group
@@ -673,7 +673,7 @@ class MLPStack(nn.Sequential):
             if isinstance(module, nn.LayerNorm):
                 continue
             if use_activation_checkpointing:
-                compat.composable_checkpoint(module)
+                distributed.composable_checkpoint(module)
             fully_shard(module, mesh=dp_mesh, **fsdp_kwargs)
         fully_shard(self, mesh=dp_mesh, **fsdp_kwargs)
         return self

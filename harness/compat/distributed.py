@@ -1,0 +1,38 @@
+"""Private ``torch.distributed`` entry points outside FSDP that the suites call as upstream does.
+
+The default group, composable DDP and checkpointing (``_composable``), and the optimizer step in
+backward: upstream's tests reach them through private names, so the migrated suites do too,
+through here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def default_process_group() -> Any:
+    """The default (WORLD) process group, as ``distributed_c10d._get_default_group`` returns it."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_group()
+
+
+def composable_replicate(module: Any, **kwargs: Any) -> Any:
+    """``torch.distributed._composable.replicate``: DDP in place, keeping the module's type."""
+    from torch.distributed._composable import replicate
+
+    return replicate(module, **kwargs)
+
+
+def composable_checkpoint(module: Any) -> Any:
+    """``torch.distributed._composable.checkpoint``: activation checkpointing applied in place."""
+    from torch.distributed._composable import checkpoint
+
+    return checkpoint(module)
+
+
+def apply_optimizer_in_backward(**kwargs: Any) -> None:
+    """``torch.distributed.optim._apply_optimizer_in_backward`` (optimizer step in backward)."""
+    from torch.distributed.optim import _apply_optimizer_in_backward
+
+    _apply_optimizer_in_backward(**kwargs)
