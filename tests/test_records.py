@@ -5,7 +5,14 @@ from __future__ import annotations
 import io
 import unittest
 
-from harness.runner.records import RunRecord, Tally, fold_grid_points, merge_ranks
+from harness.runner.records import (
+    Collector,
+    GridFold,
+    RunRecord,
+    Tally,
+    fold_grid_points,
+    merge_ranks,
+)
 
 
 class RunRecords(unittest.TestCase):
@@ -32,6 +39,99 @@ class RunRecords(unittest.TestCase):
         self.assertEqual(message, "2 grid point(s) failed: (a=1); (a=3); then: ValueError")
         self.assertEqual(detail, "grid point (a=1) failed:\ntb1\ngrid point (a=3) failed:\n"
                                  "tb3\nmain tb\nValueError")
+
+
+def _grid_cases() -> type:
+    """Tests with grid points (made here so that no runner collects them)."""
+
+    class _Grid(unittest.TestCase):
+        def points(self, failing: tuple, skipping: tuple = ()) -> None:
+            for value in (1, 2, 3):
+                with self.subTest(value=value):
+                    if value in skipping:
+                        self.skipTest(f"point {value} skips")
+                    self.assertNotIn(value, failing, f"point {value} fails")
+
+        def test_one_failing_point(self) -> None:
+            self.points(failing=(2,))
+
+        def test_two_failing_points(self) -> None:
+            self.points(failing=(1, 3))
+
+        def test_failure_after_a_point(self) -> None:
+            self.points(failing=(3,))
+            raise ValueError("then the test itself")
+
+        def test_skipped_points(self) -> None:
+            self.points(failing=(), skipping=(1, 3))
+
+        def test_skipped_after_points(self) -> None:
+            self.points(failing=())
+            self.skipTest("skipped after its points")
+
+        def test_error_point(self) -> None:
+            with self.subTest(name="x"):
+                raise KeyError("k")
+
+    return _Grid
+
+
+def collect(test: unittest.TestCase) -> RunRecord:
+    """The Collector's one record for `test`."""
+    records = []
+    collector = Collector(lambda test: None, lambda test, record: records.append(record))
+    test.run(collector)
+    assert len(records) == 1, records
+    return records[0]
+
+
+class Folding(unittest.TestCase):
+    """GridFold through the Collector: one record per test, failing grid points listed."""
+
+    def test_one_failing_point_fails_the_test_naming_it(self) -> None:
+        record = collect(_grid_cases()("test_one_failing_point"))
+        self.assertEqual((record.status, record.grid_points), ("failed", 3))
+        self.assertEqual(record.message, "1 grid point(s) failed: (value=2)")
+        self.assertIn("grid point (value=2) failed:\nTraceback", record.detail)
+        self.assertIn("point 2 fails", record.detail)
+        self.assertEqual(record.exc_type, "AssertionError")
+
+    def test_several_failing_points_are_one_failure(self) -> None:
+        record = collect(_grid_cases()("test_two_failing_points"))
+        self.assertEqual(record.message, "2 grid point(s) failed: (value=1); (value=3)")
+        self.assertEqual(record.detail.count("grid point (value="), 2)
+
+    def test_a_failure_after_the_points_ends_the_message(self) -> None:
+        record = collect(_grid_cases()("test_failure_after_a_point"))
+        self.assertEqual(record.status, "failed")
+        self.assertEqual(record.message, "1 grid point(s) failed: (value=3); "
+                                         "then: ValueError: then the test itself")
+        self.assertTrue(record.detail.rstrip().endswith("ValueError: then the test itself"))
+
+    def test_skipped_points_count_and_do_not_skip_the_test(self) -> None:
+        record = collect(_grid_cases()("test_skipped_points"))
+        self.assertEqual((record.status, record.grid_points), ("passed", 3))
+
+    def test_a_test_that_skips_after_its_points_is_skipped(self) -> None:
+        record = collect(_grid_cases()("test_skipped_after_points"))
+        self.assertEqual((record.status, record.message), ("skipped", "skipped after its points"))
+        self.assertEqual(record.grid_points, 3)
+
+    def test_the_first_failing_point_names_the_type(self) -> None:
+        record = collect(_grid_cases()("test_error_point"))
+        self.assertEqual((record.status, record.exc_type), ("failed", "KeyError"))
+        self.assertEqual(record.message, "1 grid point(s) failed: (name='x')")
+
+    def test_take_folded_reports_once_then_clears(self) -> None:
+        fold = GridFold()
+        point = type("Point", (), {"params": {"a": 1}})()
+        fold.subtest(point)
+        fold.subtest(point, "tb", "ValueError")
+        kind, error, _ = fold.take_folded("t")
+        self.assertEqual(kind.__name__, "ValueError")
+        self.assertEqual(str(error), "1 grid point(s) failed: (a=1)")
+        self.assertEqual(fold.record("t").status, "passed")
+        self.assertEqual(fold.points_run, 2)
 
 
 def _cases() -> tuple:

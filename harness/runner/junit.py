@@ -1,23 +1,22 @@
 """JUnit XML through unittest-xml-reporting (xmlrunner), with one testcase per test.
 
 xmlrunner writes one testcase per unittest event, so a test with three failing grid points
-would appear as three failures; the result class here folds them into one testcase the way
-`records.Collector` does, and can report records built elsewhere (merged from ranks, or
-fixture results that belong to no test method, through `stand_in_for`).
+would appear as three failures; the result class here folds them into one testcase through
+`records.GridFold` (the fold the summary uses too), and can report records built elsewhere
+(by the engine, or fixture results that belong to no test method, through `stand_in_for`).
 """
 
 from __future__ import annotations
 
 import time
 import unittest
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional
 
 from harness.runner.records import (
+    GridFold,
     RunRecord,
-    fold_grid_points,
     formatted,
     interrupted_now,
-    params_text,
     reported_exc_info,
 )
 
@@ -27,39 +26,56 @@ def junit_result_class() -> type:
     from xmlrunner.result import _XMLTestResult
 
     class JUnitResult(_XMLTestResult):
+        def _outcomes(self) -> int:
+            return sum(len(found) for found in (
+                self.successes, self.failures, self.errors, self.skipped,
+                self.expectedFailures, self.unexpectedSuccesses,
+            ))
+
         def startTest(self, test: Any) -> None:  # noqa: N802
-            self._points: List[Tuple[str, str]] = []
+            self._fold, self._test, self._outcomes_before = GridFold(), test, self._outcomes()
             super().startTest(test)
 
         def _exc_info_to_string(self, err: Any, test: Any) -> str:
             text = formatted(err)
             return text if text is not None else super()._exc_info_to_string(err, test)
 
-        def _fold(self, test: Any, err: Any = None) -> Any:
-            main = self._exc_info_to_string(err, test) if err is not None else ""
-            points, self._points = self._points, []
-            message, detail = fold_grid_points(points, main)
-            record = RunRecord(test.id(), "", "failed", message, detail, "AssertionError")
-            return reported_exc_info(record)
+        def _folding(self) -> bool:
+            return bool(getattr(self, "_fold", None) and self._fold.failed_points)
 
         def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
             if err is not None:
-                self._points.append((params_text(subtest), self._exc_info_to_string(err, test)))
+                text = self._exc_info_to_string(err, test)
+                self._fold.subtest(subtest, text, err[0].__name__)
                 if self.failfast:
                     self.stop()
 
         def addFailure(self, test: Any, err: Any) -> None:  # noqa: N802
-            super().addFailure(test, self._fold(test, err) if self._points else err)
+            if self._folding():
+                self._fold.error("failed", err[0].__name__, self._exc_info_to_string(err, test))
+                err = self._fold.take_folded(test.id())
+            super().addFailure(test, err)
 
         def addError(self, test: Any, err: Any) -> None:  # noqa: N802
-            if getattr(self, "_points", None):
-                return super().addFailure(test, self._fold(test, err))
+            if self._folding():
+                self._fold.error("error", err[0].__name__, self._exc_info_to_string(err, test))
+                return super().addFailure(test, self._fold.take_folded(test.id()))
             super().addError(test, err)
 
+        def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
+            if getattr(self, "_test", None) not in (None, test):  # a grid point skipped itself
+                self._fold.point_skipped()
+                return
+            super().addSkip(test, reason)
+
         def stopTest(self, test: Any) -> None:  # noqa: N802
-            if getattr(self, "_points", None) and not interrupted_now():
-                super().addFailure(test, self._fold(test))
-            self._points = []  # an interrupted test did not finish: no testcase for it
+            if not interrupted_now():
+                if self._folding():
+                    super().addFailure(test, self._fold.take_folded(test.id()))
+                elif self._outcomes() == self._outcomes_before:  # only skipped grid points
+                    self.addSuccess(test)
+            self._fold = GridFold()  # an interrupted test did not finish: no testcase for it
+            self._test = None
             super().stopTest(test)
 
         def add_record(self, test: Any, record: RunRecord) -> None:

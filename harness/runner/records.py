@@ -168,8 +168,62 @@ def reported_exc_info(record: RunRecord) -> Tuple[type, BaseException, None]:
     return kind, kind(record.message, record.detail), None
 
 
+class GridFold:
+    """One test's unittest events folded into its one outcome, for the summary and for the XML.
+
+    The rule lives here alone: a test with failing grid points is one failed test whose
+    message lists the points with their parameters (then the test's own error, if it had
+    one); every grid point it ran (passed, failed or skipped) counts toward its grid points.
+    """
+
+    def __init__(self) -> None:
+        self.points_run = 0
+        self.failed_points: List[Tuple[str, str, str]] = []  # params, traceback, exception type
+        self.main: Optional[Tuple[str, str, str]] = None  # status, exception type, traceback
+        self.skip: Optional[str] = None
+
+    def subtest(self, subtest: Any, text: Optional[str] = None, exc_type: str = "") -> None:
+        """A grid point finished: passed (no `text`), or failed with traceback `text`."""
+        self.points_run += 1
+        if text is not None:
+            self.failed_points.append((params_text(subtest), text, exc_type))
+
+    def point_skipped(self) -> None:
+        self.points_run += 1
+
+    def error(self, status: str, exc_type: str, text: str) -> None:
+        """The test itself failed ("failed") or raised ("error"), with traceback `text`."""
+        self.main = (status, exc_type, text)
+
+    def skipped(self, reason: str) -> None:
+        self.skip = reason
+
+    def record(self, test_id: str, suite: str = "", duration: float = 0.0) -> RunRecord:
+        """The test's one record: failing grid points first, then its own error or skip."""
+        record = RunRecord(test_id, suite, grid_points=self.points_run, duration=duration)
+        main_text = self.main[2] if self.main else ""
+        if self.failed_points:
+            record.status = "failed"
+            points = [(params, text) for params, text, _ in self.failed_points]
+            record.message, record.detail = fold_grid_points(points, main_text)
+            record.exc_type = self.failed_points[0][2]
+        elif self.main:
+            record.status, record.exc_type, record.detail = self.main
+            record.message = last_line(main_text)
+        elif self.skip is not None:
+            record.status, record.message = "skipped", self.skip
+        return record
+
+    def take_folded(self, test_id: str) -> Tuple[type, BaseException, None]:
+        """The failing grid points (and the test's own error, if any) as one failure's exc_info
+        triple, for result classes that report at once (JUnit XML); they are then cleared."""
+        folded = reported_exc_info(self.record(test_id))
+        self.failed_points, self.main = [], None
+        return folded
+
+
 class Collector(unittest.TestResult):
-    """A unittest result that turns each test's events into one RunRecord."""
+    """A unittest result that turns each test's events into one RunRecord (through GridFold)."""
 
     def __init__(
         self,
@@ -182,15 +236,11 @@ class Collector(unittest.TestResult):
         self._on_record = on_record
         self._test: Any = None
         self._started = 0.0
-        self._main: Optional[Tuple[str, str, str]] = None  # status, exc_type, traceback
-        self._skip: Optional[str] = None
-        self._points: List[Tuple[str, str, str]] = []
-        self._point_count = 0
+        self._fold = GridFold()
 
     def startTest(self, test: unittest.TestCase) -> None:  # noqa: N802 - unittest's naming
         super().startTest(test)
-        self._test, self._started = test, time.monotonic()
-        self._main, self._skip, self._points, self._point_count = None, None, [], 0
+        self._test, self._started, self._fold = test, time.monotonic(), GridFold()
         self._on_start(test)
 
     def _exc_info_to_string(self, err: Any, test: Any) -> str:
@@ -209,7 +259,7 @@ class Collector(unittest.TestResult):
         if self._test is None:
             self._outside(test, status, last_line(text), text, err[0].__name__)
         else:
-            self._main = (status, err[0].__name__, text)
+            self._fold.error(status, err[0].__name__, text)
 
     def addFailure(self, test: Any, err: Any) -> None:  # noqa: N802
         self._error(test, "failed", err)
@@ -221,40 +271,28 @@ class Collector(unittest.TestResult):
         if self._test is None:
             self._outside(test, "skipped", reason, "", "")
         elif test is self._test:
-            self._skip = reason
+            self._fold.skipped(reason)
         else:  # a grid point skipped itself
-            self._point_count += 1
+            self._fold.point_skipped()
 
     def addExpectedFailure(self, test: Any, err: Any) -> None:  # noqa: N802
         """Counts as passed: the test failed as it declared it would."""
 
     def addUnexpectedSuccess(self, test: Any) -> None:  # noqa: N802
         text = "unexpected success: the test is marked expectedFailure but passed"
-        self._main = ("failed", "UnexpectedSuccess", text)
+        self._fold.error("failed", "UnexpectedSuccess", text)
 
     def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
-        self._point_count += 1
-        if err is not None:
-            text = self._exc_info_to_string(err, test)
-            self._points.append((params_text(subtest), text, err[0].__name__))
+        if err is None:
+            self._fold.subtest(subtest)
+        else:
+            self._fold.subtest(subtest, self._exc_info_to_string(err, test), err[0].__name__)
 
     def stopTest(self, test: unittest.TestCase) -> None:  # noqa: N802
         super().stopTest(test)
         if interrupted_now():
             self._test = None  # interrupted, not finished: no verdict to report
             return
-        record = RunRecord(test.id(), self.suite, duration=time.monotonic() - self._started)
-        record.grid_points = max(getattr(test, "_grid_points_run", 0) or 0, self._point_count)
-        main_text = self._main[2] if self._main else ""
-        if self._points:
-            record.status = "failed"
-            points = [(params, text) for params, text, _ in self._points]
-            record.message, record.detail = fold_grid_points(points, main_text)
-            record.exc_type = self._points[0][2]
-        elif self._main:
-            record.status, record.exc_type, record.detail = self._main
-            record.message = last_line(main_text)
-        elif self._skip is not None:
-            record.status, record.message = "skipped", self._skip
+        record = self._fold.record(test.id(), self.suite, time.monotonic() - self._started)
         self._test = None
         self._on_record(test, record)
