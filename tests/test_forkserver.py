@@ -105,6 +105,23 @@ if __name__ == "__main__":
 '''
 
 
+NVML_CHECK = PRELUDE + '''
+
+def forkserver_setting(queue):
+    queue.put(os.environ.get(forkserver.NVML_CHECK_ENV))
+
+
+if __name__ == "__main__":
+    ctx = forkserver.context("harness.process.rank")
+    queue = ctx.SimpleQueue()
+    child = ctx.Process(target=forkserver_setting, args=(queue,))
+    child.start()
+    seen = queue.get()
+    child.join()
+    print(json.dumps({"forkserver": seen, "runner": os.environ.get(forkserver.NVML_CHECK_ENV)}))
+'''
+
+
 def alive(pid: int) -> bool:
     """Whether `pid` exists and is not a zombie."""
     try:
@@ -166,6 +183,13 @@ class ForkserverLifetime(unittest.TestCase):
         the runner stops it; ranks forked from it still die of these signals."""
         report = self.run_script(GROUP_SIGNAL)
         self.assertEqual(report, {"survived": True, "rank_exitcode": 0})
+
+    def test_forkserver_checks_cuda_through_nvml_so_its_forks_can_use_cuda(self) -> None:
+        """torch.cuda.is_available() at import (suites and their imports call it) would
+        initialise the CUDA driver in the forkserver and leave every rank unable to use CUDA;
+        the forkserver asks NVML instead. The runner's own environment is left as it was."""
+        report = self.run_script(NVML_CHECK)
+        self.assertEqual(report, {"forkserver": "1", "runner": None})
 
     def test_forkserver_of_a_killed_runner_removes_its_socket_folder_and_exits(self) -> None:
         proc = self.start(KILLED_RUNNER)

@@ -33,6 +33,11 @@ from harness import devices
 
 MAIN_PATH_ENV = "HARNESS_FORKSERVER_MAIN"
 RUNNER_ENV = "HARNESS_FORKSERVER_RUNNER"
+# torch.cuda.is_available() initialises the CUDA driver (cudaGetDeviceCount) unless this is
+# set, and a process forked after that cannot use CUDA ("Cannot re-initialize CUDA in forked
+# subprocess"). Suites and their imports ask it at import time, in the forkserver too (as
+# upstream's common_cuda does), so the forkserver asks NVML instead, which leaves forks clean.
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 HELPER_EXIT_WAIT_S = 5.0  # how long a stopped helper may take to exit before it is killed
 ORPHAN_CHECK_S = 1.0  # how long the forkserver waits to learn whether its runner died
 GROUP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -78,10 +83,13 @@ def _main_script() -> Optional[str]:
 
 
 def _ensure_running() -> None:
-    """Start the forkserver if needed, with MAIN_PATH_ENV naming the script it should load and
-    RUNNER_ENV naming this process (how the forkserver knows it is one, and whose child)."""
+    """Start the forkserver if needed, with MAIN_PATH_ENV naming the script it should load,
+    RUNNER_ENV naming this process (how the forkserver knows it is one, and whose child), and
+    NVML_CHECK_ENV keeping CUDA checks at import from spoiling its forks."""
     script = _main_script()
     settings = {RUNNER_ENV: str(os.getpid()), MAIN_PATH_ENV: script}
+    if NVML_CHECK_ENV not in os.environ:
+        settings[NVML_CHECK_ENV] = "1"
     saved = {name: os.environ.get(name) for name in settings}
     for name, value in settings.items():
         if value is not None:
