@@ -13,7 +13,15 @@ import uuid
 from pathlib import Path
 from typing import Tuple
 
-from harness.runner.loader import UsageError, load_module, name_matcher, repeat, select, shard
+from harness.runner.loader import (
+    SuiteLoader,
+    UsageError,
+    load_module,
+    name_matcher,
+    repeat,
+    select,
+    shard,
+)
 from harness.runner.records import Collector, RunRecord
 
 
@@ -144,6 +152,39 @@ class TestSuitesThatStopAtImport(unittest.TestCase):
         kept = select(plan, ["test_a", "only_in_the_skipped_suite"])
         self.assertEqual([[t.id() for t in tests] for _, tests in kept],
                          [["suite.mod1.TestC.test_a"], [stand_in[0].id()]])
+
+    def write(self, source: str) -> str:
+        name = f"suite_{uuid.uuid4().hex}"
+        (self.folder / f"{name}.py").write_text(textwrap.dedent(source))
+        self.addCleanup(sys.modules.pop, name, None)
+        return name
+
+    def test_a_module_that_imports_loads_by_unittests_rules(self) -> None:
+        name = self.write("""
+            import unittest
+            class TestB(unittest.TestCase):
+                def test_z(self): pass
+                def test_a(self): pass
+                def helper(self): pass
+            class TestA(unittest.TestCase):
+                def test_only(self): pass
+        """)
+        loader = SuiteLoader()
+        self.assertIsInstance(loader, unittest.TestLoader)
+        ids = [t.id().replace(name, "M") for t in load_module(name)]
+        self.assertEqual(ids, ["M.TestA.test_only", "M.TestB.test_a", "M.TestB.test_z"])
+
+    def test_the_load_tests_protocol_is_honoured(self) -> None:
+        name = self.write("""
+            import unittest
+            class TestB(unittest.TestCase):
+                def test_kept(self): pass
+                def test_dropped(self): pass
+            def load_tests(loader, tests, pattern):
+                return unittest.TestSuite([TestB("test_kept")])
+        """)
+        suite = SuiteLoader().loadTestsFromModuleName(name)
+        self.assertEqual([t.id().replace(name, "M") for t in suite], ["M.TestB.test_kept"])
 
     def test_ctrl_c_at_import_is_not_swallowed(self) -> None:
         name = f"suite_{uuid.uuid4().hex}"

@@ -1,8 +1,8 @@
 """Choosing the tests: which suite modules, which of their tests (-k), which shard, how often.
 
-The result is a `Plan`: (module, its tests in run order) pairs. A module is loaded with
-unittest.TestLoader's rules and never silently dropped: one that skips itself at import
-(`raise unittest.SkipTest(...)`, or upstream's `print(reason); sys.exit(0)` when, say,
+The result is a `Plan`: (module, its tests in run order) pairs. A module is loaded by
+`SuiteLoader` (a unittest.TestLoader) and never silently dropped: one that skips itself at
+import (`raise unittest.SkipTest(...)`, or upstream's `print(reason); sys.exit(0)` when, say,
 distributed is not available) becomes one skipped test carrying the reason; one that raises
 anything else or exits with another code becomes one test in error.
 """
@@ -166,25 +166,40 @@ def _traceback_text(error: BaseException) -> str:
     )
 
 
+class SuiteLoader(unittest.TestLoader):
+    """unittest's loader, importing a suite module by the documented rules first.
+
+    A module that skips itself at import (SkipTest, or sys.exit(0)/sys.exit() after printing
+    why) loads as one skipped test with that reason; any other exception or exit code at
+    import loads as one test in error with the import's traceback. A suite is never dropped.
+    """
+
+    def loadTestsFromModuleName(self, name: str) -> unittest.TestSuite:  # noqa: N802
+        """The tests of module `name` (unittest's order and load_tests protocol), or the one
+        stand-in test for a module that skipped itself or failed at import."""
+        try:
+            with _teed_output() as printed:
+                module = importlib.import_module(name)
+        except KeyboardInterrupt:
+            raise
+        except unittest.SkipTest as skip:
+            stand_in = _import_skip(name, str(skip) or "unittest.SkipTest raised at import")
+        except SystemExit as stop:
+            if stop.code is None or stop.code == 0:
+                said = last_line(printed.getvalue())
+                stand_in = _import_skip(name, said or f"sys.exit({stop.code}) at import")
+            else:
+                stand_in = _import_failure(name, _traceback_text(stop), "SystemExit")
+        except BaseException as error:  # noqa: BLE001 - whatever it is, the suite is in error
+            stand_in = _import_failure(name, _traceback_text(error), type(error).__name__)
+        else:
+            return self.loadTestsFromModule(module)
+        return self.suiteClass([stand_in])
+
+
 def load_module(module: str) -> List[unittest.TestCase]:
-    """The module's tests in unittest's order. A module that skips itself at import (SkipTest,
-    or sys.exit(0)/sys.exit() after printing why) becomes one skipped test with that reason;
-    any other exception or exit code at import becomes one test in error."""
-    try:
-        with _teed_output() as printed:
-            loaded = importlib.import_module(module)
-    except KeyboardInterrupt:
-        raise
-    except unittest.SkipTest as skip:
-        return [_import_skip(module, str(skip) or "unittest.SkipTest raised at import")]
-    except SystemExit as stop:
-        if stop.code is None or stop.code == 0:
-            said = last_line(printed.getvalue())
-            return [_import_skip(module, said or f"sys.exit({stop.code}) at import")]
-        return [_import_failure(module, _traceback_text(stop), "SystemExit")]
-    except BaseException as error:  # noqa: BLE001 - whatever it is, the suite is in error
-        return [_import_failure(module, _traceback_text(error), type(error).__name__)]
-    return flatten(unittest.defaultTestLoader.loadTestsFromModule(loaded))
+    """The module's tests in run order, by SuiteLoader's import rules."""
+    return flatten(SuiteLoader().loadTestsFromModuleName(module))
 
 
 def name_matcher(pattern: str) -> Callable[[str], bool]:
