@@ -9,6 +9,8 @@ from torch.distributed.fsdp import ShardingStrategy
 
 from harness.compat import fsdp1
 
+CPU = torch.device("cpu")
+
 
 class FSDP1FactsTest(unittest.TestCase):
     def test_facts(self):
@@ -48,24 +50,24 @@ class FSDP1OneRankTest(unittest.TestCase):
 
         model = FSDP(
             torch.nn.Sequential(torch.nn.Linear(2, 2), CheckDuringForward()),
-            device_id=torch.device("cpu"),
+            device_id=CPU,
         )
         model(torch.ones(1, 2)).sum().backward()
         fsdp1.assert_idle(model)
         self.assertEqual(1, len(errors), "a root in its forward passed as idle")
 
     def test_handles_and_flat_params(self):
-        inner = FSDP(torch.nn.Linear(2, 2), device_id=torch.device("cpu"))
-        model = FSDP(torch.nn.Sequential(inner, torch.nn.Linear(2, 2)), device_id="cpu")
+        inner = FSDP(torch.nn.Linear(2, 2), device_id=CPU)
+        model = FSDP(torch.nn.Sequential(inner, torch.nn.Linear(2, 2)), device_id=CPU)
         handles = fsdp1.handles(model)
         self.assertEqual(2, len(handles))
         self.assertTrue(any(fsdp1.flat_param(inner) is handle.flat_param for handle in handles))
-        self.assertIsNone(fsdp1.flat_param(FSDP(torch.nn.ReLU(), device_id="cpu")))
+        self.assertIsNone(fsdp1.flat_param(FSDP(torch.nn.ReLU(), device_id=CPU)))
 
     def test_record_post_backward_reshards_and_restores(self):
         runtime = fsdp1.runtime_module()
         original = runtime._post_backward_reshard
-        model = FSDP(torch.nn.Linear(2, 2), device_id=torch.device("cpu"))
+        model = FSDP(torch.nn.Linear(2, 2), device_id=CPU)
         with fsdp1.record_post_backward_reshards() as reshards:
             model(torch.ones(1, 2)).sum().backward()
         self.assertEqual(fsdp1.handles(model), reshards)
