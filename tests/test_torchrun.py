@@ -1,9 +1,11 @@
 """run_all.py launched by torchrun: each process is a rank, tests run in-process, rank 0 reports.
 
-Covers: a default group created and destroyed per test (repeated init on torchrun's store),
-grid points across ranks, a skip on one rank, a failure on one rank failing the test with
-that rank's traceback, JUnit XML from rank 0, a launcher without torchrun's agent store, and
-a real suite test (`torchrun --standalone --nproc-per-node 2 run_all.py -k ...`).
+Multi-rank tests run through TorchrunLauncher: the ranks exchange their records and reach one
+verdict. Covers: a default group created and destroyed per test (repeated init on torchrun's
+store), grid points across ranks, a skip on one rank, a failure on one rank failing the test
+with that rank's traceback, a rank that does not report in time stopping the run, a world size
+other than the launched one skipping, JUnit XML from rank 0, a launcher without torchrun's
+agent store, and real suite tests (`torchrun --standalone --nproc-per-node 2 run_all.py -k ...`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import List
 
 from tests.fixtures import REPO, child_env
 
-RANKS = "tests.fixtures.runner_ranks"
+RANKS = "tests.fixtures.torchrun_ranks"
 TORCHRUN = shutil.which("torchrun")
 
 
@@ -77,12 +79,12 @@ class TestTorchrunFailures(unittest.TestCase):
         self.assertEqual(last_line(proc.stdout), "0 passed, 2 failed, 0 skipped")
         report = proc.stdout
         self.assertIn(f"FAIL: {RANKS}.TestRankFailure.test_fails_on_rank_1", report)
-        self.assertIn("--- rank 1 ---", report)
-        self.assertNotIn("--- rank 0 ---", report)
+        self.assertIn("rank 1 raised:", report)
+        self.assertNotIn("rank 0 raised", report)
         self.assertIn("rank 1 disagrees on purpose", report)
         self.assertIn("grid point (point=2) failed", report)
+        self.assertIn("rank 1 failed this grid point", report)
         self.assertNotIn("(point=1)", report)
-
 
     def test_a_rank_that_does_not_finish_stops_the_run(self) -> None:
         proc = torchrun(RANKS, "-k", "TestRankLags")
@@ -90,6 +92,16 @@ class TestTorchrunFailures(unittest.TestCase):
         self.assertIn("rank(s) 1 did not finish within 3s", proc.stdout)
         self.assertIn("run stopped: rank(s) 1 did not finish", proc.stdout)
         self.assertEqual(last_line(proc.stdout), "0 passed, 1 failed, 0 skipped")
+
+    def test_a_world_size_other_than_the_launched_one_skips(self) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            proc = torchrun(RANKS, "-k", "TestWorldSize", "--save-xml", folder)
+            report = Path(folder, f"TEST-{RANKS}.TestWorldSize.xml")
+            skipped = ET.parse(report).getroot().find("testcase/skipped")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(last_line(proc.stdout), "0 passed, 0 failed, 1 skipped")
+        self.assertEqual(skipped.get("message"),
+                         "needs world size 3, torchrun launched 2 processes")
 
 
 def free_port() -> int:

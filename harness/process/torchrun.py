@@ -1,16 +1,24 @@
-"""In-process mode under torchrun: each launched process is one rank and runs the tests itself.
+"""The torchrun launcher: each process torchrun launched is one rank and runs its tests itself.
 
-Two things differ from the spawning harness, and both live here:
+`TorchrunLauncher` is the Launcher (harness/launch/launcher.py) that process cases get when
+torchrun started this process (harness/process/launchers.py chooses it): `join` runs a second
+instance of the test here as this rank (harness/launch/in_process.py), then posts this rank's
+RankRecord as JSON to torchrun's store and reads every rank's back, so each rank reaches the
+same verdict through the same `decide` as every other mode (rank 0 to report it, the others to
+stop together under `-x`). Plain unittest.TestCase tests are not multi-rank: each process runs
+them on its own, with no exchange.
+
+Two other things differ from the spawning harness, and both live here:
 
 * Process groups. torchrun's agent keeps one TCPStore for the whole job, and `env://` always
   puts the default group's keys under the same prefix, so a second `init_process_group`
   (FSDPTest creates and destroys the group for every test) reads the first group's stale
   keys and fails to connect. `init_method()` returns a URL of our own scheme whose handler
-  gives every initialisation a fresh namespace of that store; ranks agree on it because they
-  run the same tests in the same order and so initialise the same number of times.
-* Results. `RankExchange` posts each rank's result of a test to the same store and waits for
-  every rank's result, which both keeps the ranks in step and lets every rank (rank 0 to
-  report, the others to stop together under `-x`) see the merged outcome.
+  gives every initialisation a fresh namespace of that store, counted afresh for every test
+  (`new_scope`); ranks agree on it because they run the same tests in the same order.
+* The run. The runner asks this module whether this process reports (`reports_here`: rank 0),
+  whether the ranks fell out of step (`out_of_step`: one did not report a test in time, so
+  the run stops), and lets rank 0 wait for the others at the end (`finish_run`).
 
 Works with torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True); for launchers that
 only set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, rank 0 hosts the store on MASTER_PORT.
@@ -20,11 +28,19 @@ from __future__ import annotations
 
 import itertools
 import os
+import unittest
 from datetime import timedelta
 from typing import Any, Iterator, List, Optional, Tuple
 from urllib.parse import parse_qs, urlparse
 
 from harness import devices
+from harness.launch.in_process import run_rank_here
+from harness.launch.launcher import Launcher
+from harness.launch.report import RankRecord
+
+# unittest hides frames of modules that define this: a test that failed because the ranks
+# fell out of step shows why, not the frames that noticed it.
+__unittest = True
 
 SCHEME = "harness-torchrun"
 DEFAULT_MASTER_PORT = 29500
@@ -34,6 +50,8 @@ _store: Any = None
 _registered = False
 _scope = "run"
 _inits = itertools.count()
+_exchange: Optional[RankExchange] = None
+_out_of_step = ""
 
 
 class RanksOutOfStep(RuntimeError):
@@ -48,11 +66,29 @@ class RanksOutOfStep(RuntimeError):
         )
 
 
+def launched() -> Optional[Tuple[int, int]]:
+    """(rank, world_size) when torchrun (or a launcher setting RANK, WORLD_SIZE and
+    MASTER_ADDR) started this process, else None; HarnessConfigError for malformed values."""
+    return devices.torchrun_env()
+
+
+def reports_here() -> bool:
+    """Whether this process reports the run: always, unless it is a torchrun rank other than 0."""
+    found = launched()
+    return found is None or found[0] == 0
+
+
+def out_of_step() -> str:
+    """Why the ranks fell out of step (a rank did not report a test in time), or "": once they
+    have, the run cannot go on and stops."""
+    return _out_of_step
+
+
 def _rank_and_world() -> Tuple[int, int]:
-    launched = devices.torchrun_env()
-    if launched is None:
+    found = launched()
+    if found is None:
         raise RuntimeError("not launched by torchrun: RANK, WORLD_SIZE and MASTER_ADDR are unset")
-    return launched
+    return found
 
 
 def launcher_store() -> Any:
@@ -97,7 +133,7 @@ def _rendezvous(url: str, timeout: Optional[timedelta] = None, **_: Any) -> Iter
 
 
 def new_scope(name: str) -> None:
-    """Start counting group inits afresh under `name` (the runner calls it before each test),
+    """Start counting group inits afresh under `name` (the launcher calls it before each test),
     so a test whose ranks initialised a different number of groups cannot desynchronise the
     namespaces of the tests after it."""
     global _scope, _inits
@@ -150,3 +186,63 @@ class RankExchange:
                 self._store.wait(keys, timedelta(seconds=timeout))
             except Exception:  # a rank that is gone cannot use the store any more anyway
                 return
+
+
+def _rank_exchange() -> RankExchange:
+    global _exchange
+    if _exchange is None:
+        _exchange = RankExchange()
+    return _exchange
+
+
+def finish_run(timeout: float) -> None:
+    """At the end of a run: rank 0 waits up to `timeout` s until every rank is done with the
+    store it may be hosting. Nothing to wait for when no test exchanged records, or when the
+    ranks fell out of step (a missing rank would never say it is done)."""
+    if _exchange is not None and not _out_of_step:
+        _exchange.finish(timeout)
+
+
+def _destroy_group_left_behind() -> None:
+    """The default group a test left initialised (a rank whose test failed keeps it, as its
+    peers may still be in a collective): this process runs the next test too, so it goes now,
+    where a rank process's exit would have taken it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class TorchrunLauncher(Launcher):
+    """This process is one of the ranks torchrun launched: the test runs here, as this rank,
+    and the ranks' records are exchanged through torchrun's store.
+
+    A world size other than the launched one skips the test (it cannot run on these ranks).
+    A rank that does not report within the test's timeout after this one finished fails the
+    test and stops the run (`out_of_step`): the ranks can no longer meet test by test.
+    """
+
+    def start(self, case: Any) -> None:
+        _, world_size = _rank_and_world()
+        if case.world_size != world_size:
+            raise unittest.SkipTest(
+                f"needs world size {case.world_size}, torchrun launched {world_size} processes"
+            )
+        new_scope(f"test{_rank_exchange().rounds if world_size > 1 else 0}")
+
+    def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
+        global _out_of_step
+        rank, world_size = _rank_and_world()
+        record = run_rank_here(case, rank, world_size, init_method=init_method())
+        _destroy_group_left_behind()
+        if world_size == 1:
+            return [record], None
+        try:
+            texts = _rank_exchange().exchange(record.to_json(), float(case.timeout))
+        except RanksOutOfStep as error:
+            _out_of_step = str(error)
+            raise case.failureException(_out_of_step) from None
+        return [RankRecord.from_json(text) for text in texts], None
+
+    def close(self) -> None:
+        """Nothing outlives the test: it ran in this process, and the store is the job's."""

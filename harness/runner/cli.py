@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 
 from harness import devices
 from harness.compat import cpu_defaults as compat_cpu_defaults
+from harness.process import torchrun
 from harness.runner import lifecycle
 from harness.runner.engine import Engine, Options, closing_line
 from harness.runner.loader import (
@@ -122,7 +123,7 @@ def _apply_env(args: argparse.Namespace) -> None:
         devices.default_world_size()
         devices.default_timeout()
         devices.start_method()
-        devices.torchrun_env()
+        torchrun.launched()
         progress_interval()
     except devices.HarnessConfigError as error:
         raise UsageError(str(error)) from None
@@ -142,8 +143,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
 
 def print_list(plan: Plan, out: TextIO) -> None:
     """--list: the plan's test ids, one a line (under torchrun, rank 0 alone prints them)."""
-    launched = devices.torchrun_env()
-    if launched is not None and launched[0] != 0:
+    if not torchrun.reports_here():
         return
     for _, tests in plan:
         for test in tests:

@@ -1,7 +1,8 @@
 """The engine behind run_all.py: runs a plan, folds results, prints the summary.
 
-Also runs the tests of `run_tests()` under torchrun, where every rank runs the same plan and
-exchanges each test's record with the others (harness/process/torchrun.py); only rank 0 reports.
+Also runs the tests of `run_tests()` under torchrun, where every rank runs the same plan (its
+multi-rank tests meet through torchrun's launcher, harness/process/torchrun.py); only rank 0
+reports.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from typing import Any, Dict, List, Optional, TextIO
 
 from harness import devices
 from harness.compat import cpu_defaults as compat_cpu_defaults
-from harness.process import forkserver
+from harness.process import forkserver, torchrun
 from harness.runner import lifecycle
 from harness.runner.junit import junit_result_class, stand_in_for, xml_runner
 from harness.runner.loader import Plan
 from harness.runner.progress import Progress, progress_interval
-from harness.runner.records import FAILED, Collector, RunRecord, merge_ranks
+from harness.runner.records import FAILED, Collector, RunRecord
 
 SEPARATOR = "=" * 70
 
@@ -49,18 +50,11 @@ class Options:
     progress_stream: TextIO = field(default_factory=lambda: sys.stderr)
 
 
-def _test_timeout(test: Any) -> float:
-    timeout = getattr(test, "timeout", None)
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
-        return float(timeout)
-    return devices.default_timeout()
-
-
 class Engine:
     """Runs a plan, reports progress, and returns the exit code (0 nothing failed, 1 failed).
 
-    Launched by torchrun, every rank runs the same plan and exchanges each test's record
-    with the others (harness/process/torchrun.py); only rank 0 reports.
+    Launched by torchrun, every rank runs the same plan and only rank 0 reports; when the
+    ranks fall out of step (harness/process/torchrun.py), the run stops.
     """
 
     def __init__(self, plan: Plan, options: Options) -> None:
@@ -69,12 +63,7 @@ class Engine:
         self.failures: List[RunRecord] = []
         self.aborted = ""
         self.interrupted_by: Optional[int] = None  # the signal that stopped the run
-        self.exchange: Any = None
-        if devices.torchrun_env() is not None:
-            from harness.process.torchrun import RankExchange
-
-            self.exchange = RankExchange()
-        self.reporting = self.exchange is None or self.exchange.rank == 0
+        self.reporting = torchrun.reports_here()
         total = sum(len(tests) for _, tests in plan)
         verbosity = options.verbosity if self.reporting else 0
         self.progress = Progress(total, options.progress_stream, verbosity, progress_interval())
@@ -84,10 +73,6 @@ class Engine:
             self.junit = junit_result_class()(io.StringIO(), verbosity=0)
 
     def _started(self, test: unittest.TestCase) -> None:
-        if self.exchange is not None:
-            from harness.process.torchrun import new_scope
-
-            new_scope(f"test{self.exchange.rounds}")
         self.progress.start(test.id())
 
     def _recorded(self, test: Any, record: RunRecord) -> None:
@@ -95,17 +80,9 @@ class Engine:
             self._record(test, record)
 
     def _record(self, test: Any, record: RunRecord) -> None:
-        if self.exchange is not None and not self.aborted:
-            from harness.process.torchrun import RanksOutOfStep
-
-            try:
-                texts = self.exchange.exchange(record.to_json(), _test_timeout(test))
-                record = merge_ranks([RunRecord.from_json(text) for text in texts])
-            except RanksOutOfStep as error:
-                self.aborted = str(error)
-                record.status, record.message = "failed", str(error)
-                record.detail = f"{error}\n{record.detail}".rstrip()
-                self.collector.stop()
+        if torchrun.out_of_step() and not self.aborted:
+            self.aborted = torchrun.out_of_step()
+            self.collector.stop()
         stats = self.stats[record.suite]
         stats.grid_points += record.grid_points
         stats.note = getattr(test, "import_note", "") or stats.note
@@ -128,7 +105,7 @@ class Engine:
         forks with its suite imported instead of importing it per test. Not under torchrun
         (no rank is forked) nor with spawn. Suites that failed to import are left out:
         multiprocessing's forkserver survives only an ImportError from a preloaded module."""
-        if devices.torchrun_env() is None and devices.start_method() == "forkserver":
+        if torchrun.launched() is None and devices.start_method() == "forkserver":
             forkserver.preload(*(module for module, _ in self.plan if module in sys.modules))
 
     def run(self) -> int:
@@ -152,8 +129,8 @@ class Engine:
         finally:
             self.progress.close()
         with lifecycle.deferred_signals():
-            if self.exchange is not None and not self.aborted:
-                self.exchange.finish(devices.default_timeout())
+            if not self.aborted:
+                torchrun.finish_run(devices.default_timeout())
             if self.reporting:
                 self.report()
         if self.interrupted_by is not None:

@@ -79,7 +79,7 @@ def junit_result_class() -> type:
             super().stopTest(test)
 
         def add_record(self, test: Any, record: RunRecord) -> None:
-            """Report a record built elsewhere (by the engine, or merged from ranks)."""
+            """Report a record built elsewhere (the engine's, folded by the Collector)."""
             self.startTest(test)
             if getattr(test, "stand_in", False):  # no source line of its own
                 self.lineno = self.doc = None

@@ -4,7 +4,7 @@ unittest's own command line, plus the harness's flags (--save-xml, --seed, --rep
 --allow-cpu).
 The pieces it shares with run_all.py live in their own modules: records.py (one record per
 test), junit.py (XML), progress.py, loader.py (choosing tests), engine.py (running a plan
-under torchrun) and cli.py (run_all.py's command line).
+under torchrun, where rank 0 alone reports) and cli.py (run_all.py's command line).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from harness import devices
 from harness.compat import cpu_defaults as compat_cpu_defaults
+from harness.process import torchrun
 from harness.runner import lifecycle
 from harness.runner.cli import print_list, run_tests_parser
 from harness.runner.engine import Engine, Options, closing_line
@@ -75,7 +76,7 @@ class _Program(unittest.TestProgram):
             sys.exit(0)
         if opts.repeat > 1:
             self.test = unittest.TestSuite(repeat([("", tests)], opts.repeat)[0][1])
-        if devices.torchrun_env() is not None:
+        if torchrun.launched() is not None:
             options = Options(xml_dir=opts.save_xml, failfast=bool(self.failfast),
                               verbosity=self.verbosity)
             modules: Dict[str, List[unittest.TestCase]] = {}

@@ -1,20 +1,19 @@
 """One record per test: what the runner knows about a test once it has finished.
 
-unittest reports many events per test (a failing grid point is one `addSubTest` each). The
-`Collector` folds them into one `RunRecord` per test, because everything downstream wants one
-answer per test: the progress line, the per-suite table, the closing
-`N passed, N failed, N skipped` line, one JUnit testcase per test (failing grid points listed
-in it with their parameters), and, under torchrun, the one message a rank sends rank 0
-(`merge_ranks` turns the ranks' records back into one).
+unittest reports many events per test (a grid point is one `addSubTest` each). `GridFold`
+folds one test's events into one `RunRecord`, because everything downstream wants one answer
+per test: the progress line, the per-suite table, the closing `N passed, N failed, N skipped`
+line, and one JUnit testcase per test (failing grid points listed in it with their
+parameters). The `Collector` (run_all.py's result) and the JUnit result both fold through it.
+Ranks are merged before this, in the supervising case (harness/launch/verdict.py).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import unittest
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 FAILED = ("failed", "error")
@@ -32,35 +31,6 @@ class RunRecord:
     exc_type: str = ""
     grid_points: int = 0
     duration: float = 0.0
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> RunRecord:
-        return cls(**json.loads(text))
-
-
-def merge_ranks(records: Sequence[RunRecord]) -> RunRecord:
-    """One record from every rank's record of the same test: any failing rank fails it."""
-    first = records[0]
-    failing = [(rank, rec) for rank, rec in enumerate(records) if rec.status in FAILED]
-    merged = RunRecord(
-        test_id=first.test_id,
-        suite=first.suite,
-        grid_points=max(rec.grid_points for rec in records),
-        duration=max(rec.duration for rec in records),
-    )
-    if failing:
-        merged.status = "failed" if any(r.status == "failed" for _, r in failing) else "error"
-        merged.message = "; ".join(f"rank {rank}: {rec.message}" for rank, rec in failing)
-        merged.detail = "\n".join(f"--- rank {rank} ---\n{rec.detail}" for rank, rec in failing)
-        merged.exc_type = failing[0][1].exc_type
-    else:
-        skipped = [rec for rec in records if rec.status == "skipped"]
-        if skipped:
-            merged.status, merged.message = "skipped", skipped[0].message
-    return merged
 
 
 def params_text(subtest: Any) -> str:
