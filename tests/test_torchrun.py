@@ -10,6 +10,7 @@ agent store, and real suite tests (`torchrun --standalone --nproc-per-node 2 run
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -18,8 +19,13 @@ import tempfile
 import unittest
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Tuple
+from unittest import mock
 
+import torch.distributed as dist
+
+from harness import MultiProcessTestCase, devices
+from harness.process import torchrun as torchrun_launcher
 from tests.fixtures import REPO, child_env
 
 RANKS = "tests.fixtures.torchrun_ranks"
@@ -47,7 +53,9 @@ class TestTorchrunPassing(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
         cls.tmp = tempfile.TemporaryDirectory()
-        cls.proc = torchrun(RANKS, "-k", "TestRanks", "--save-xml", cls.tmp.name)
+        cls.proc = torchrun(
+            RANKS, "-k", "TestRanks", "-k", "TestContinuousRanks", "--save-xml", cls.tmp.name
+        )
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -55,13 +63,14 @@ class TestTorchrunPassing(unittest.TestCase):
 
     def test_every_test_passes_with_a_fresh_group_each(self) -> None:
         self.assertEqual(self.proc.returncode, 0, self.proc.stdout + self.proc.stderr)
-        # 3 tests all-reduce in their own default group; the 4th skips on the last rank only.
-        self.assertEqual(last_line(self.proc.stdout), "3 passed, 0 failed, 1 skipped")
+        # 3 tests all-reduce in their own default group; the 4th skips on the last rank only;
+        # the 2 tests of the shared-process class each get a class group of their own.
+        self.assertEqual(last_line(self.proc.stdout), "5 passed, 0 failed, 1 skipped")
 
     def test_rank_0_alone_reports(self) -> None:
-        self.assertEqual(self.proc.stdout.count("3 passed, 0 failed, 1 skipped"), 1)
+        self.assertEqual(self.proc.stdout.count("5 passed, 0 failed, 1 skipped"), 1)
         row = next(line for line in self.proc.stdout.splitlines() if line.startswith(RANKS))
-        self.assertEqual(row.split()[1:5], ["3", "0", "1", "3"])  # 3 grid points
+        self.assertEqual(row.split()[1:5], ["5", "0", "1", "3"])  # 3 grid points
 
     def test_junit_xml_written_once(self) -> None:
         report = Path(self.tmp.name, f"TEST-{RANKS}.TestRanks.xml")
@@ -85,6 +94,12 @@ class TestTorchrunFailures(unittest.TestCase):
         self.assertIn("grid point (point=2) failed", report)
         self.assertIn("rank 1 failed this grid point", report)
         self.assertNotIn("(point=1)", report)
+
+    def test_failfast_stops_every_rank_at_the_same_test(self) -> None:
+        proc = torchrun(RANKS, "-k", "TestRankFailure", "-x")
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertEqual(last_line(proc.stdout), "0 passed, 1 failed, 0 skipped")
+        self.assertNotIn("out of step", proc.stdout)  # rank 1 stopped too, and said it is done
 
     def test_a_rank_that_does_not_finish_stops_the_run(self) -> None:
         proc = torchrun(RANKS, "-k", "TestRankLags")
@@ -126,6 +141,75 @@ class TestOtherLaunchers(unittest.TestCase):
         self.assertEqual([proc.returncode for proc in procs], [0, 0], outputs)
         self.assertEqual(last_line(outputs[0][0]), "3 passed, 0 failed, 1 skipped")
         self.assertEqual(outputs[1][0], "")
+
+
+class TestTorchrunHere(unittest.TestCase):
+    """The launcher's functions in this process, with a launch environment of one rank."""
+
+    def env(self, rank: str = "0", world_size: str = "1") -> Dict[str, str]:
+        return {"RANK": rank, "WORLD_SIZE": world_size, "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port())}
+
+    def test_who_reports(self) -> None:
+        with mock.patch.dict(os.environ, child_env(), clear=True):
+            self.assertIsNone(torchrun_launcher.launched())
+            self.assertTrue(torchrun_launcher.reports_here())
+        with mock.patch.dict(os.environ, self.env(rank="1", world_size="2")):
+            self.assertEqual(torchrun_launcher.launched(), (1, 2))
+            self.assertFalse(torchrun_launcher.reports_here())
+        with mock.patch.dict(os.environ, self.env(rank="0", world_size="2")):
+            self.assertTrue(torchrun_launcher.reports_here())
+
+    def test_malformed_launch_env_names_it(self) -> None:
+        with mock.patch.dict(os.environ, self.env(rank="zero")):
+            with self.assertRaisesRegex(devices.HarnessConfigError, "RANK='zero'"):
+                torchrun_launcher.launched()
+
+    def test_a_single_rank_runs_here_and_leaves_no_group(self) -> None:
+        with mock.patch.dict(os.environ, self.env()):
+            launcher = torchrun_launcher.TorchrunLauncher()
+            case = _rank_cases()[0]("test_group")
+            launcher.start(case)
+            records, timed_out = launcher.join(case)
+            launcher.close()
+        self.assertIsNone(timed_out)
+        self.assertEqual([(r.rank, r.pid) for r in records], [(0, os.getpid())])
+        self.assertEqual([e.kind for e in records[0].events], ["success", "done"])
+        self.assertFalse(dist.is_initialized())  # the test left its group: the launcher took it
+
+    def test_a_world_size_other_than_the_launched_one_is_a_skip(self) -> None:
+        with mock.patch.dict(os.environ, self.env(world_size="1")):
+            with self.assertRaisesRegex(unittest.SkipTest, "needs world size 2, torchrun "
+                                                           "launched 1 processes"):
+                torchrun_launcher.TorchrunLauncher().start(_rank_cases()[1]("test_nothing"))
+
+
+def _rank_cases() -> Tuple[type, type]:
+    """Cases that TestTorchrunHere runs as ranks (made here so that no runner collects them)."""
+
+    class OneRank(MultiProcessTestCase):
+        """Leaves its group initialised on purpose."""
+
+        @property
+        def world_size(self) -> int:
+            return 1
+
+        @property
+        def destroy_pg_upon_exit(self) -> bool:
+            return False
+
+        def test_group(self) -> None:
+            dist.init_process_group("gloo", init_method=self.init_method, rank=0, world_size=1)
+
+    class TwoRanks(MultiProcessTestCase):
+        @property
+        def world_size(self) -> int:
+            return 2
+
+        def test_nothing(self) -> None:
+            """Never run: the launcher skips it first."""
+
+    return OneRank, TwoRanks
 
 
 class TestRealSuite(unittest.TestCase):
