@@ -305,11 +305,14 @@ def run_subtests(
 ) -> None:
     """Run `fn(*args, **kwargs, **point)` for each point of the grid's Cartesian product.
 
-    Each point runs inside `case.subTest(**point)`. After each point, multi-rank cases
-    agree through `case._grid_point_done(point, passed)`; if the ranks cannot stay in
-    step the rest of the grid is abandoned and the test fails saying so.
+    Each point runs inside `case.subTest(**point)`. In a rank of a multi-rank test, the ranks
+    agree after each point through `case.rank_context.grid_point_done(point, passed)`; if
+    they cannot stay in step the rest of the grid is abandoned and the test fails saying so.
     """
+    from harness.testcase import TestCase  # testcase imports this module
+
     names, combos = _grid_points(grid)
+    context = case.rank_context if isinstance(case, TestCase) else None
     for combo in combos:
         point = dict(zip(names, combo))
         passed = False
@@ -320,9 +323,7 @@ def run_subtests(
                 passed = True
                 raise
             passed = True
-        case._grid_points_run = getattr(case, "_grid_points_run", 0) + 1
-        sync = getattr(case, "_grid_point_done", None)
-        if sync is not None and not sync(point, passed):
+        if context is not None and not context.grid_point_done(point, passed):
             shown = ", ".join(f"{k}={v!r}" for k, v in point.items())
             case.fail(
                 f"ranks could not stay in step after grid point ({shown}); "

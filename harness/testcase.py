@@ -17,7 +17,6 @@ import re
 import subprocess
 import sys
 import types
-import unittest
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -29,6 +28,7 @@ import torch
 from torch import nn
 
 from harness.compat.comparison import unrelated_tensors_mismatch
+from harness.launch.context import RankContext
 from harness.parametrize import run_subtests
 from harness.skips import check_case_requirements
 
@@ -224,10 +224,9 @@ def _objects_equal(actual: Any, expected: Any) -> bool:
         return False
 
 
-def route_test_method(
-    case: unittest.TestCase, is_supervisor: Callable[[], bool], join: Callable[[], Any]
-) -> None:
-    """Make the case's test method join the ranks in the supervisor and run the body in a rank.
+def route_test_method(case: TestCase, join: Callable[[], Any]) -> None:
+    """Make the case's test method `join` the ranks in the supervising instance (no
+    `rank_context`) and run the body in a rank.
 
     The replacement is bound with MethodType: unittest's loader treats a plain function found
     on an instance as a static method and calls it without `self`.
@@ -238,8 +237,8 @@ def route_test_method(
         return
 
     @functools.wraps(method)
-    def join_or_run(_case: unittest.TestCase, *args: Any, **kwargs: Any) -> Any:
-        return join() if is_supervisor() else method(*args, **kwargs)
+    def join_or_run(_case: TestCase, *args: Any, **kwargs: Any) -> Any:
+        return join() if _case.rank_context is None else method(*args, **kwargs)
 
     setattr(case, name, types.MethodType(join_or_run, case))
 
@@ -249,6 +248,10 @@ Message = Union[str, Callable[[str], str], None]
 
 class TestCase(expecttest.TestCase):
     """unittest/expecttest TestCase with tensor-aware equality, seeding and subtest grids."""
+
+    # In a rank of a multi-rank test, what its launcher told it (harness/launch/case.py);
+    # None in a single-process test and in the supervisor.
+    rank_context: Optional[RankContext] = None
 
     def setUp(self) -> None:
         super().setUp()
@@ -348,8 +351,4 @@ class TestCase(expecttest.TestCase):
     ) -> None:
         """Run `fn` for every point of `grid`, each point a subTest (parametrize.run_subtests)."""
         run_subtests(self, grid, fn, *args, **kwargs)
-
-    def _grid_point_done(self, params: Dict[str, Any], passed: bool) -> bool:
-        """Hook for multi-rank bases to keep ranks in step between grid points."""
-        return True
 

@@ -23,6 +23,8 @@ import torch.distributed as dist
 
 from harness import devices
 from harness.devices import HarnessConfigError
+from harness.launch.context import RankContext
+from harness.launch.report import RankRecord, RecordSink, ReportingResult
 from harness.process import torchrun
 from harness.process.case import DistributedTestBase, MultiProcessTestCase
 from harness.skips import TEST_SKIPS, skip_if_no_gpu
@@ -216,7 +218,7 @@ class TestGrid(FaultTestBase):
             self.assertIn(f"AssertionError: point 2 fails on rank {rank}", point2)
             self.assertEqual(self.noted(f"point3.{rank}"), "ran")
         self.assertEqual(len(result.failures), 2)
-        self.assertEqual(case._grid_points_run, 4)
+        self.assertEqual([r.grid_points for r in case.rank_records], [4, 4])
 
     def test_ranks_out_of_step_end_the_grid(self) -> None:
         case, result = self.run_case(fault_cases.Grid, "test_grid_out_of_step")
@@ -328,8 +330,8 @@ class TestRankSideOfTheBase(unittest.TestCase):
                 )
 
         case = LeavesGroup("test_leaves_group")
-        case.rank = 0
-        result = unittest.TestResult()
+        result = ReportingResult(RecordSink(RankRecord(0)))
+        case.attach_rank(RankContext(0, 1, result))
         with mock.patch.dict(os.environ, {"GLOO_SOCKET_IFNAME": "lo"}):
             case.run(result)
         left = dist.is_initialized()

@@ -6,11 +6,12 @@ not collect them; each is run here with `case.run(result)` and its result inspec
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
 import unittest
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 from unittest import mock
 
 import torch
@@ -22,6 +23,7 @@ from harness.kit.fsdp import FSDPTestMultiThread
 from harness.skips import requires_nccl, skip_if_lt_x_gpu, skip_if_no_gpu
 from harness.testcase import TestCase
 from harness.threads.case import MultiThreadedTestCase
+from harness.threads.launcher import ThreadRanks
 
 
 def run_case(cls: type, method: str) -> Tuple[unittest.TestResult, MultiThreadedTestCase]:
@@ -37,6 +39,14 @@ def thread_case(world_size: int, timeout: float = 60.0, **methods: Callable) -> 
     attrs["world_size"] = property(lambda self: world_size)
     attrs["timeout"] = timeout
     return type("ThreadCase", (MultiThreadedTestCase,), attrs)
+
+
+@contextlib.contextmanager
+def no_rank_started() -> Iterator[None]:
+    """Fails the test if the code inside starts rank threads."""
+    with mock.patch.object(ThreadRanks, "start") as start:
+        yield
+    start.assert_not_called()
 
 
 def messages(result: unittest.TestResult) -> List[str]:
@@ -85,34 +95,33 @@ class TestOutcomes(TestCase):
         def test_body(self: MultiThreadedTestCase) -> None:
             raise AssertionError("must not run")
 
-        result, case = run_case(thread_case(2, test_body=test_body), "test_body")
+        with no_rank_started():
+            result, _ = run_case(thread_case(2, test_body=test_body), "test_body")
         self.assertEqual(messages(result), [])
         self.assertEqual(len(result.skipped), 1)
         self.assertIn("Need at least 64 CUDA devices", result.skipped[0][1])
-        self.assertIsNone(case._threads)
 
     def test_class_level_and_per_rank_requirements_start_no_thread(self) -> None:
         def test_body(self: MultiThreadedTestCase) -> None:
             raise AssertionError("must not run")
 
         cls = requires_nccl()(thread_case(2, test_body=test_body))
-        with mock.patch.object(dist, "is_nccl_available", return_value=False):
-            result, case = run_case(cls, "test_body")
+        with mock.patch.object(dist, "is_nccl_available", return_value=False), no_rank_started():
+            result, _ = run_case(cls, "test_body")
         self.assertEqual(messages(result), [])
         self.assertEqual(result.skipped[0][1], "c10d was not compiled with the NCCL backend")
-        self.assertIsNone(case._threads)
 
         per_rank = thread_case(2, test_body=skip_if_no_gpu(test_body))
-        with mock.patch.object(devices, "accelerator_count", return_value=1):
-            result, case = run_case(per_rank, "test_body")
+        with mock.patch.object(devices, "accelerator_count", return_value=1), no_rank_started():
+            result, _ = run_case(per_rank, "test_body")
         self.assertEqual(result.skipped[0][1], "Need at least 2 CUDA devices, found 1")
-        self.assertIsNone(case._threads)
 
     def test_world_size_zero_is_a_skip_not_a_pass(self) -> None:
         def test_body(self: MultiThreadedTestCase) -> None:
             raise AssertionError("must not run")
 
-        result, case = run_case(thread_case(0, test_body=test_body), "test_body")
+        with no_rank_started():
+            result, _ = run_case(thread_case(0, test_body=test_body), "test_body")
         self.assertEqual(messages(result), [])
         self.assertEqual(result.testsRun, 1)
         self.assertEqual(len(result.skipped), 1)
@@ -121,7 +130,6 @@ class TestOutcomes(TestCase):
             "ThreadCase.world_size is 0: no ranks to start "
             f"({devices.accelerator_count()} accelerators found)",
         )
-        self.assertIsNone(case._threads)
 
     def test_negative_world_size_is_a_one_line_error(self) -> None:
         result, _ = run_case(thread_case(-2, test_body=lambda self: None), "test_body")

@@ -6,6 +6,8 @@ import unittest
 import torch
 
 from harness import TestCase, instantiate_parametrized_tests, parametrize, run_subtests, subtest
+from harness.launch.context import RankContext
+from harness.launch.report import RankRecord, RecordSink, ReportingResult
 from harness.skips import REQUIREMENTS_ATTR, skip_if_lt_x_gpu
 from tests.upstream_style.ids_declarations import declare, upstream_declarations
 
@@ -185,13 +187,16 @@ class DifferentialIdsTest(unittest.TestCase):
 
 
 class RunSubtestsTest(unittest.TestCase):
-    def _run(self, body):
+    def _run(self, body, context=None):
+        """Run `body` as a test; with a RankContext, as a rank of a multi-rank test."""
+
         class Case(TestCase):
             def test_grid(self):
                 body(self)
 
         result = unittest.TestResult()
         case = Case("test_grid")
+        case.rank_context = context
         case.run(result)
         return case, result
 
@@ -208,7 +213,6 @@ class RunSubtestsTest(unittest.TestCase):
         self.assertEqual(
             seen, [("p", 1, "x", "s"), ("p", 1, "y", "s"), ("p", 2, "x", "s"), ("p", 2, "y", "s")]
         )
-        self.assertEqual(case._grid_points_run, 4)
 
     def test_failing_point_is_reported_with_params_and_the_rest_still_run(self):
         seen = []
@@ -234,23 +238,36 @@ class RunSubtestsTest(unittest.TestCase):
         self.assertTrue(result.wasSuccessful())
         self.assertEqual([reason for _, reason in result.skipped], ["not this one"])
 
+    def test_in_a_rank_each_point_is_counted_and_synchronised(self):
+        synced = []
+
+        def grid_sync(params, passed):
+            synced.append((params, passed))
+            return True
+
+        context = RankContext(0, 2, ReportingResult(RecordSink(RankRecord(0))), grid_sync=grid_sync)
+
+        def fn(a):
+            assert a != 2
+
+        self._run(lambda self: self.run_subtests({"a": [1, 2, 3]}, fn), context=context)
+        self.assertEqual(synced, [({"a": 1}, True), ({"a": 2}, False), ({"a": 3}, True)])
+        self.assertEqual(context.grid_points, 3)
+
     def test_ranks_out_of_step_stop_the_grid(self):
         seen = []
+        context = RankContext(
+            0, 2, ReportingResult(RecordSink(RankRecord(0))),
+            grid_sync=lambda params, passed: passed,
+        )
 
-        class Case(TestCase):
-            def _grid_point_done(self, params, passed):
-                return passed
+        def fn(a):
+            seen.append(a)
+            assert a != 2
 
-            def test_grid(self):
-                def fn(a):
-                    seen.append(a)
-                    assert a != 2
-
-                self.run_subtests({"a": [1, 2, 3]}, fn)
-
-        result = unittest.TestResult()
-        Case("test_grid").run(result)
+        _, result = self._run(lambda self: self.run_subtests({"a": [1, 2, 3]}, fn), context=context)
         self.assertEqual(seen, [1, 2])
+        self.assertEqual(context.grid_points, 2)
         self.assertTrue(any("could not stay in step" in text for _, text in result.failures))
 
     def test_bad_grids_name_the_problem(self):

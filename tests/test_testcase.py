@@ -21,6 +21,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from harness import TestCase
+from harness.launch.context import RankContext
+from harness.launch.report import RankRecord, RecordSink, ReportingResult
 from harness.testcase import SEED_ENV, current_seed, route_test_method
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -418,11 +420,9 @@ class RouteTestMethodTest(unittest.TestCase):
         calls = []
 
         class Case(TestCase):
-            supervisor = True
-
             def __init__(self, method_name="runTest"):
                 super().__init__(method_name)
-                route_test_method(self, lambda: self.supervisor, lambda: calls.append("join"))
+                route_test_method(self, lambda: calls.append("join"))
 
             def test_x(self):
                 calls.append("body")
@@ -430,9 +430,10 @@ class RouteTestMethodTest(unittest.TestCase):
         module = types.ModuleType("fake_suite")
         module.Case = Case
         suite = unittest.defaultTestLoader.loadTestsFromName("Case.test_x", module)
-        suite.run(unittest.TestResult())
-        Case.supervisor = False
-        Case("test_x").run(unittest.TestResult())
+        suite.run(unittest.TestResult())  # no rank_context: the supervisor
+        in_rank = Case("test_x")
+        in_rank.rank_context = RankContext(0, 1, ReportingResult(RecordSink(RankRecord(0))))
+        in_rank.run(unittest.TestResult())
         self.assertEqual(calls, ["join", "body"])
 
 

@@ -7,7 +7,7 @@ timeout, failing grid point) is checked without starting a process.
 from __future__ import annotations
 
 import unittest
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 from harness.launch.report import Event, RankRecord, signal_name
 from harness.launch.verdict import (
@@ -260,6 +260,18 @@ class OutputSection(unittest.TestCase):
         self.assertEqual(output_section([RankRecord(rank=0), RankRecord(rank=1, output="")]), "")
 
 
+class SubtestsSeen(unittest.TestResult):
+    """A TestResult that keeps every subtest it is told of, passing ones included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.points: List[Tuple[Dict[str, Any], Any]] = []
+
+    def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802 - unittest's
+        super().addSubTest(test, subtest, err)
+        self.points.append((dict(subtest.params), err))
+
+
 class ApplyVerdict(unittest.TestCase):
     """apply_verdict inside a real case, executed by unittest through a TestResult."""
 
@@ -269,7 +281,7 @@ class ApplyVerdict(unittest.TestCase):
                 apply_verdict(self, verdict)
 
         case = Supervised("test_body")
-        result = unittest.TestResult()
+        result = SubtestsSeen()
         case.run(result)
         return result, case
 
@@ -279,7 +291,8 @@ class ApplyVerdict(unittest.TestCase):
         )
         self.assertTrue(result.wasSuccessful())
         self.assertEqual((result.testsRun, result.skipped), (1, []))
-        self.assertEqual(case._grid_points_run, 4)
+        self.assertEqual(result.points, [({"n": 1}, None)])  # passing points are replayed too
+        self.assertEqual(set(vars(case)) - set(vars(unittest.TestCase("run"))), set())
 
     def test_fail(self) -> None:
         result, case = self.run_case(Verdict("fail", "rank 1 exited with code 3", [], 0))

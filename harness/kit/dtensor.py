@@ -28,6 +28,8 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distr
 from harness import devices
 from harness.compat import local_tensor as compat_local_tensor
 from harness.compat.local_tensor import tree_flatten, tree_unflatten
+from harness.launch.in_process import SimulatedRanks
+from harness.launch.launcher import Launcher
 from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
 from harness.skips import TEST_SKIPS, accelerators_suffice, skip_if_lt_x_gpu
@@ -607,12 +609,14 @@ class _LocalRanksMixin:
     def _get_local_tensor_mode(self) -> Any:
         return compat_local_tensor.local_tensor_mode(self.world_size)
 
-    def _run_here(self) -> None:
-        """Run the test body in this process: there are no ranks to start or join."""
-        name = self._testMethodName  # type: ignore[attr-defined]
-        getattr(type(self), name)(self)
+    def make_launcher(self) -> Launcher:
+        """Every rank is simulated by one run of the test in this process."""
+        return SimulatedRanks()
 
     def _local_set_up(self) -> None:
+        """In the instance that simulates the ranks: LocalTensor's process-wide settings."""
+        if self.rank_context is None:  # type: ignore[attr-defined]
+            return
         compat_local_tensor.set_record_function_enabled(False)
         self.addCleanup(compat_local_tensor.set_record_function_enabled, True)  # type: ignore[attr-defined]
         self.addCleanup(compat_local_tensor.reset_dtensor_rng_tracker)  # type: ignore[attr-defined]
@@ -647,11 +651,6 @@ class LocalDTensorTestBase(_LocalRanksMixin, _LocalGroupPerTest, DTensorTestBase
         super().setUp()
         self._local_set_up()
 
-    def _spawn_processes(self) -> None:
-        """Nothing to start: the ranks are simulated."""
-
-    _join_processes = _LocalRanksMixin._run_here
-
 
 class LocalDTensorOpTestBase(_LocalRanksMixin, _LocalGroupPerTest, DTensorOpTestBase):
     """DTensorOpTestBase with every rank simulated in this process (no rank threads)."""
@@ -659,11 +658,6 @@ class LocalDTensorOpTestBase(_LocalRanksMixin, _LocalGroupPerTest, DTensorOpTest
     def setUp(self) -> None:
         super().setUp()
         self._local_set_up()
-
-    def _spawn_threads(self) -> None:
-        """Nothing to start: the ranks are simulated."""
-
-    _join_threads = _LocalRanksMixin._run_here
 
 
 class LocalDTensorContinuousTestBase(_LocalRanksMixin, DTensorContinuousTestBase):
@@ -684,16 +678,12 @@ class LocalDTensorContinuousTestBase(_LocalRanksMixin, DTensorContinuousTestBase
         super().tearDownClass()
 
     def setUp(self) -> None:
-        TestCase.setUp(self)  # no ranks to start, no per-test group: the class has one
+        TestCase.setUp(self)  # no rank processes and no per-test group: the class has one
+        self._start_ranks()
         self._local_set_up()
 
     def tearDown(self) -> None:
         TestCase.tearDown(self)
-
-    def _spawn_processes(self) -> None:
-        """Nothing to start: the ranks are simulated."""
-
-    _join_processes = _LocalRanksMixin._run_here
 
 
 def _in_local_tensor_mode(fn: Callable) -> Callable:

@@ -140,7 +140,6 @@ def apply_verdict(case: unittest.TestCase, verdict: Verdict) -> None:
     Every grid point the ranks ran becomes the case's subtest with its params (so failing
     points are reported one by one); then the case fails or skips with the verdict's message.
     """
-    case._grid_points_run = verdict.grid_points
     for point in verdict.subtests:
         with case.subTest(**point.params):
             if point.status == "fail":

@@ -4,12 +4,13 @@ As upstream, one set of rank processes runs every test of a class, with one defa
 group per class: the ranks start on the class's first test (lazily, so device-type
 instantiation works: the class that actually runs is the one started), create the group with
 `_init_pg`, and before each test they barrier and reseed (and reset torch.compile's caches,
-as upstream). The launching is harness/process/shared.py's; each test's events are reported as
-in the fresh-process mode. Beyond upstream there is no poison pill: a failing test fails
-alone, and a rank that crashes, exits or hangs fails only that test, the class's next test
-running on new ranks. Launched by torchrun, this process is the rank and each test creates
-and destroys its own group. The default ``timeout`` is the harness's (HARNESS_TIMEOUT, else
-300 s), not upstream's 120 s.
+as upstream). The launching is harness/process/shared.py's (through the SharedProcesses
+launcher); each test's events are reported as in the fresh-process mode. Beyond upstream
+there is no poison pill: a failing test fails alone, and a rank that crashes, exits or hangs
+fails only that test, the class's next test running on new ranks. Where a rank has no
+class-wide group (torchrun launched this process, which is then the rank), each test creates
+and destroys its own. The default ``timeout`` is the harness's (HARNESS_TIMEOUT, else 300 s),
+not upstream's 120 s.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ import torch.distributed as dist
 from harness import devices
 from harness.compat import local_tensor as compat_local_tensor
 from harness.kit.fsdp import FSDPTestMixin
-from harness.launch.verdict import apply_verdict, decide
+from harness.launch.launcher import Launcher
 from harness.process import shared as shared_ranks
 from harness.process.case import MAIN_PROCESS_RANK, MultiProcessTestCase
+from harness.process.launchers import SharedProcesses, process_launcher
 from harness.skips import accelerators_suffice
 
 
@@ -70,7 +72,6 @@ class MultiProcContinuousTest(MultiProcessTestCase):
     rdvz_file: Optional[str] = None
     pg: Any = None
     poison_pill: bool = False  # upstream's flag; never set here, a failing test fails alone
-    _sent_to: Optional[shared_ranks.SharedRanks] = None  # in the parent, until the test joins
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -147,55 +148,22 @@ class MultiProcContinuousTest(MultiProcessTestCase):
 
     # -- in the parent -------------------------------------------------------------------
 
-    def _spawn_processes(self) -> None:
-        """Check the class can run (its ranks start with its first test), then send the test
-        to them: they run it while the parent finishes its setUp."""
-        if self._torchrun is not None or self.rank != MAIN_PROCESS_RANK:
-            super()._spawn_processes()
-            return
-        if self._sent_to is not None:
-            return
-        ranks = shared_ranks.ranks_of(type(self), self._world_size_to_start())
-        self.addCleanup(self._abandon_unjoined)  # the test never joined: its setUp failed later
-        ranks.send_test(self)
-        self._sent_to = ranks
+    def make_launcher(self) -> Launcher:
+        return process_launcher(SharedProcesses())
 
-    def _abandon_unjoined(self) -> None:
-        """A test sent to the ranks but never joined leaves them out of step: stop them."""
-        if self._sent_to is not None:
-            shared_ranks.stop(type(self))
-            self._sent_to = None
-
-    def _join_processes(self) -> None:
-        """Wait for the class's ranks and turn their reports into this test's outcome."""
-        ranks, self._sent_to = self._sent_to, None
-        if ranks is None:
-            raise RuntimeError(
-                f"{type(self).__name__}.setUp did not start the test: call super().setUp()"
-            )
-        timeout = self.timeout
-        records, timed_out = ranks.finish_test(self, timeout)
-        self.rank_records = records
-        apply_verdict(self, decide(records, timeout if timed_out else None))
-
-    # -- both; launched by torchrun, this process is the rank and each test has its own group
+    # -- in a rank without the class's group (torchrun): a group for this test alone --------
 
     def setUp(self) -> None:
-        if self.rank == MAIN_PROCESS_RANK and self._torchrun is None:
-            self._spawn_processes()  # first, so the ranks start while the parent sets up
+        context = self.rank_context
+        if context is not None and type(self).pg is None:
+            type(self)._shared_rank_start(context.rank, context.world_size, context.init_method)
+            self.addCleanup(self._destroy_test_group)  # the last cleanup: after tearDown's
         super().setUp()
-        if self._torchrun is not None:
-            cls = type(self)
-            cls.rank = self.rank
-            cls.world_size = self.world_size
-            cls.rdvz_file = self.init_method
-            cls._init_pg(self.rank, self.world_size, self.init_method)
 
-    def tearDown(self) -> None:
-        if self._torchrun is not None and dist.is_initialized():
+    def _destroy_test_group(self) -> None:
+        if dist.is_initialized():
             dist.destroy_process_group()
-            type(self).pg = None
-        super().tearDown()
+        type(self).pg = None
 
 
 class FSDPTestContinuous(FSDPTestMixin, MultiProcContinuousTest):

@@ -25,14 +25,17 @@ import time
 import traceback
 import unittest
 from dataclasses import dataclass
+from datetime import timedelta
 from multiprocessing import parent_process
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 
 from harness.compat import cpu_defaults as compat_cpu_defaults
 from harness.compat import flight_recorder as compat_flight_recorder
+from harness.launch.context import RankContext
 from harness.launch.report import Event, ReportingResult, format_error, skip_exit_reason
 
 STACK_SIGNAL = signal.SIGUSR1  # the parent sends it to get a rank's Python stack
@@ -61,7 +64,10 @@ def main(spec: RankSpec, channel: Connection) -> None:
     """Entry point of a rank process: run the test once and exit without interpreter teardown."""
     _set_up_process(spec)
     result = ReportingResult(channel)
-    grid_points = _run_case(lambda: load_case(spec), result, channel)
+    grid_points = _run_case(
+        lambda: load_class(spec.module, spec.qualname)(spec.method), spec, spec.file_name,
+        result, channel,
+    )
     channel.send(Event("done", count=grid_points))
     _leave(channel)
 
@@ -136,30 +142,62 @@ def _meet(cls: Any, channel: Connection, number: int) -> bool:
 
 def _run_shared_test(cls: Any, spec: RankSpec, task: Task, channel: Connection) -> bool:
     """Run one test in a shared rank (already past the meeting); whether it passed here."""
-    def make_case() -> Any:
-        case = cls(task.method)
-        case._attach_rank(spec.rank, spec.world_size, task.file_name)
-        return case
-
     result = ReportingResult(channel, hold_success=True)
-    grid_points = _run_case(make_case, result, channel)
+    grid_points = _run_case(lambda: cls(task.method), spec, task.file_name, result, channel)
     channel.send([*result.held, Event("done", count=grid_points)])  # one message
     return result.passed
 
 
 def _run_case(
-    make_case: Callable[[], Any], result: ReportingResult, channel: Connection
+    make_case: Callable[[], Any], spec: RankSpec, file_name: str, result: ReportingResult,
+    channel: Connection,
 ) -> int:
-    """Build the rank's case and run it; a case that cannot even be built is a failure.
-    Returns how many grid points the case ran."""
+    """Build the rank's case, attach its RankContext and run it; a case that cannot even be
+    built is a failure. Returns how many grid points the case ran."""
     try:
         case = make_case()
+        context = RankContext(
+            spec.rank, spec.world_size, result, init_method=f"file://{file_name}",
+            file_name=file_name,
+            grid_sync=GridMeeting(f"{file_name}.grid", spec.world_size, case.grid_sync_timeout),
+        )
+        case.attach_rank(context)
     except Exception:
         channel.send(Event("failure", format_error(sys.exc_info())))
         return 0
-    case._rank_result = result
     case.run(result)
-    return getattr(case, "_grid_points_run", 0)
+    return context.grid_points
+
+
+class GridMeeting:
+    """The ranks' meeting after each grid point, through a store at `path`.
+
+    A store, not a collective, so ranks still meet when a failed point left the process
+    group unusable. The last rank to arrive writes the verdict "go"; a rank that waited
+    `timeout` seconds in vain (a peer is stuck, say in a collective with a rank that
+    failed) writes "abandoned" instead. The first verdict written wins, so every rank
+    takes the same decision: go on with the grid, or end it (False).
+    """
+
+    def __init__(self, path: str, world_size: int, timeout: float) -> None:
+        self._path = path
+        self._world_size = world_size
+        self._timeout = timeout
+        self._store: Any = None
+        self._points = 0
+
+    def __call__(self, params: Dict[str, Any], passed: bool) -> bool:
+        if self._store is None:  # only tests with a grid create the store's file
+            self._store = dist.FileStore(self._path, self._world_size)
+        store, point = self._store, f"point{self._points}"
+        self._points += 1
+        if store.add(f"{point}/arrived", 1) == self._world_size:
+            store.compare_set(f"{point}/verdict", "", "go")
+        try:
+            store.wait([f"{point}/verdict"], timedelta(seconds=self._timeout))
+        except RuntimeError:
+            pass
+        return store.compare_set(f"{point}/verdict", "", "abandoned") == b"go"
 
 
 def _set_up_process(spec: RankSpec) -> None:
@@ -290,13 +328,6 @@ def load_class(module: str, qualname: str) -> Any:
                 "multi-process test classes must be defined at module level"
             )
     return target
-
-
-def load_case(spec: RankSpec) -> unittest.TestCase:
-    """Re-create the parent's TestCase in this rank from its module, class and method names."""
-    case = load_class(spec.module, spec.qualname)(spec.method)
-    case._attach_rank(spec.rank, spec.world_size, spec.file_name)
-    return case
 
 
 def _skip_reason(err: Tuple[Any, Any, Any]) -> Optional[str]:

@@ -22,13 +22,9 @@ private dir; a test interrupted while it runs stops its class's ranks itself.
 from __future__ import annotations
 
 import atexit
-import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from harness import devices
 from harness.launch.report import RankRecord
-from harness.process import forkserver
-from harness.process.rank import RankSpec
 from harness.process.supervisor import RankGroup
 
 READY_TIMEOUT_S = 10.0  # how long a reused set may take to meet before a test
@@ -85,25 +81,8 @@ class SharedRanks:
         group = RankGroup(self.world_size)
         self.group = group
         self.starts += 1
-        cls = self.cls
-
-        def spec_of(rank: int) -> RankSpec:
-            return RankSpec(
-                module=cls.__module__,
-                qualname=cls.__qualname__,
-                method="",
-                rank=rank,
-                world_size=self.world_size,
-                file_name=group.file_name,
-                work_dir=group.work_dir,
-                output_path=group.output_path(rank),
-                temp_dir=group.temp_dir,
-                threads=devices.intra_op_threads(self.world_size),
-                env=dict(os.environ),
-            )
-
         try:
-            group.start(forkserver.context(cls.__module__), spec_of, shared=True)
+            group.start(self.cls, shared=True)
         except BaseException:
             self.close()
             raise

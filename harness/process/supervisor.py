@@ -10,7 +10,7 @@ It collects what the ranks report until they have all exited (shared ranks: unti
 reported "done" for the round), stops the others a few seconds after one failed or skipped
 (fail fast), and at the timeout; before stopping a rank it has the rank dump its Python
 stack into its output, so the report can show where it was. Deciding the outcome is
-harness/launch/verdict.py's job.
+harness/launch/verdict.py's job; harness/process/launchers.py puts the two together.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Dict, List, Set
+from typing import Any, Dict, List, Set
 
+from harness import devices
 from harness.launch import collective_trace
 from harness.launch.report import RankRecord
+from harness.process import forkserver
 from harness.process.rank import (
     COLLECTIVES_SIGNAL,
     STACK_SIGNAL,
@@ -84,13 +86,13 @@ class RankGroup:
         """The current test's own rendezvous path (its grid synchronisation lives beside it)."""
         return os.path.join(self.work_dir, f"test{self.round}")
 
-    def start(
-        self, context: Any, spec_of: Callable[[int], RankSpec], shared: bool = False
-    ) -> None:
-        """Start the ranks: fresh ones run the spec's test; shared ones wait for `send_test`."""
+    def start(self, cls: type, method: str = "", shared: bool = False) -> None:
+        """Start the ranks of test class `cls`: fresh ones run its test `method`; shared ones
+        wait for `send_test`."""
+        context = forkserver.context(cls.__module__)
         for record in self.records:
             reader, writer = context.Pipe(duplex=False)
-            args: tuple = (spec_of(record.rank), writer)
+            args: tuple = (self._spec(cls, method, record.rank), writer)
             task_reader = None
             if shared:
                 task_reader, self._tasks[record.rank] = context.Pipe(duplex=False)
@@ -108,6 +110,22 @@ class RankGroup:
             self.processes.append(process)
             record.pid = process.pid
             self._alive.add(record.rank)
+
+    def _spec(self, cls: type, method: str, rank: int) -> RankSpec:
+        world_size = len(self.records)
+        return RankSpec(
+            module=cls.__module__,
+            qualname=cls.__qualname__,
+            method=method,
+            rank=rank,
+            world_size=world_size,
+            file_name=self.file_name,
+            work_dir=self.work_dir,
+            output_path=self.output_path(rank),
+            temp_dir=self.temp_dir,
+            threads=devices.intra_op_threads(world_size),
+            env=dict(os.environ),
+        )
 
     def send_test(self, method: str) -> bool:
         """Shared ranks: begin a round (fresh records and output files) and send every rank the

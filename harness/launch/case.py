@@ -1,0 +1,106 @@
+"""RankedTestCase: what every multi-rank case shares, whichever launcher runs its ranks.
+
+A test of a multi-rank class exists twice. The instance the test runner holds supervises:
+its setUp checks the class can run (requirements, world size, timeout) and has the class's
+launcher (`make_launcher()`) start the ranks; its test method joins them and turns their
+records into the test's outcome (harness/launch/verdict.py). Each rank runs its own
+instance, which the launcher hands a RankContext (`attach_rank`) before running it; there
+the test method is the test's body. Modes differ only in their launcher and in what a rank
+needs attached, so a new mode is a new Launcher, not a new copy of this.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from harness import devices
+from harness.launch.context import RankContext
+from harness.launch.launcher import Launcher
+from harness.launch.report import RankRecord
+from harness.launch.verdict import apply_verdict, decide
+from harness.skips import check_case_requirements
+from harness.testcase import TestCase, route_test_method
+
+# unittest hides frames of modules that define this, as it does for its own: a multi-rank
+# failure then shows the rank's traceback, not the supervisor's.
+__unittest = True
+
+SUPERVISOR_RANK = -1
+
+
+class RankedTestCase(TestCase):
+    """A test run once per rank by a launcher; the runner's instance supervises.
+
+    `self.rank` is SUPERVISOR_RANK in the supervisor and the rank's number in a rank;
+    `rank_records` holds every rank's record once the test joined them.
+    """
+
+    timeout: float = devices.DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
+
+    def __init__(
+        self, method_name: str = "runTest", methodName: str = "runTest"  # noqa: N803 - unittest's
+    ) -> None:
+        # Both spellings, as upstream: unittest's `methodName` wins when given.
+        super().__init__(methodName if methodName != "runTest" else method_name)
+        self.rank = SUPERVISOR_RANK
+        self.rank_records: List[RankRecord] = []
+        self._launcher: Optional[Launcher] = None
+        route_test_method(self, self._join_ranks)
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks run the test (classes override it): HARNESS_WORLD_SIZE, else one
+        per GPU, else 2."""
+        return devices.default_world_size()
+
+    def make_launcher(self) -> Launcher:
+        """The launcher that runs this class's ranks (each mode's base says which)."""
+        raise NotImplementedError(f"{type(self).__name__} does not say how its ranks run")
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._start_ranks()
+
+    def checked_rank_settings(self) -> Tuple[int, float]:
+        """(world_size, timeout), checked before any rank starts: unmet requirements and a world
+        size of 0 skip, a bad world size or timeout is a one-line config error."""
+        check_case_requirements(self)
+        return devices.checked_rank_settings(self)
+
+    def _start_ranks(self) -> None:
+        """Start the ranks (supervisor only; a no-op in a rank and once started)."""
+        if self.rank_context is not None or self._launcher is not None:
+            return
+        self.checked_rank_settings()
+        launcher = self.make_launcher()
+        self._launcher = launcher
+        self.addCleanup(launcher.close)  # also when a subclass's setUp fails after this
+        try:
+            launcher.start(self)
+        except BaseException:
+            launcher.close()
+            raise
+
+    def _join_ranks(self) -> None:
+        """The supervisor's test method: wait for the ranks, report their verdict."""
+        launcher = self._launcher
+        if launcher is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.setUp did not start the ranks: call super().setUp()"
+            )
+        try:
+            records, timed_out_after = launcher.join(self)
+        finally:  # on KeyboardInterrupt too: nothing a test started outlives it
+            launcher.close()
+        self.rank_records = records
+        apply_verdict(self, decide(records, timed_out_after))
+
+    def attach_rank(self, context: RankContext) -> None:
+        """Make this instance the rank `context` describes (the launcher calls it before
+        running the case); subclasses add what their ranks need."""
+        self.rank_context = context
+        self.rank = context.rank
+
+    def _rank_failed(self) -> bool:
+        """In a rank: whether this test already failed here, so peers may be out of step."""
+        return self.rank_context is not None and self.rank_context.failed

@@ -1,0 +1,54 @@
+"""Running a test's rank in this very process: for ranks that need no process of their own.
+
+Two modes use it: torchrun, where the launched process is itself one rank, and simulated
+ranks (LocalTensor classes of harness/kit/dtensor.py), where one process plays every rank.
+`run_rank_here` runs a second instance of the test as a rank, exactly as a rank process or
+thread would (RankContext, ReportingResult), and keeps its events in a RankRecord, so the
+verdict is the same as in every other mode.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, List, Optional, Tuple
+
+from harness.launch.context import RankContext
+from harness.launch.launcher import Launcher
+from harness.launch.report import Event, RankRecord, RecordSink, ReportingResult, format_error
+
+
+def run_rank_here(case: Any, rank: int, world_size: int, **context: Any) -> RankRecord:
+    """Run `case`'s test as rank `rank` of `world_size` in this process; its record.
+
+    `context` are further RankContext fields (init_method, grid_sync, ...).
+    """
+    record = RankRecord(rank, pid=os.getpid())
+    sink = RecordSink(record)
+    rank_context = RankContext(rank, world_size, ReportingResult(sink), **context)
+    started = time.monotonic()
+    try:
+        rank_case = type(case)(case._testMethodName)
+        rank_case.attach_rank(rank_context)
+    except Exception:
+        sink.send(Event("failure", format_error(sys.exc_info())))
+    else:
+        rank_case.run(rank_context.result)
+    sink.send(Event("done", count=rank_context.grid_points))
+    record.duration = time.monotonic() - started
+    return record
+
+
+class SimulatedRanks(Launcher):
+    """All ranks simulated by one instance of the test in this process (LocalTensor): it runs
+    once, here, when the supervising case joins; nothing starts before, nothing is left."""
+
+    def start(self, case: Any) -> None:
+        """Nothing to start: the ranks are simulated when the test runs."""
+
+    def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
+        return [run_rank_here(case, 0, case.world_size)], None
+
+    def close(self) -> None:
+        """Nothing outlives the test's own run."""

@@ -1,0 +1,112 @@
+"""The launchers of process ranks: fresh processes per test, shared processes per class, and
+the one choice of torchrun's launcher when torchrun started this process.
+
+Each launcher is thin: RankGroup (harness/process/supervisor.py) starts and supervises rank
+processes, SharedRanks (harness/process/shared.py) keeps a class's set between tests. What a
+launcher adds is the Launcher interface (harness/launch/launcher.py), so the case does not
+know which of them runs its ranks, and the description of the run on the supervising case
+(`file_name`, `init_method`, `processes`), as upstream's MultiProcessTestCase exposes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+from harness import devices
+from harness.launch.launcher import Launcher
+from harness.launch.report import RankRecord
+from harness.process import shared as shared_ranks
+from harness.process.supervisor import RankGroup
+
+
+def _check_importable(case: Any) -> None:
+    """Ranks re-create the test by importing its class: a local class is a config error."""
+    if "<locals>" in type(case).__qualname__:
+        raise devices.HarnessConfigError(
+            f"{type(case).__qualname__} is defined inside a function: ranks re-create the "
+            "test by importing its class, so define it at module level"
+        )
+
+
+def _timed_out_after(timeout: float, timed_out: bool) -> Optional[float]:
+    return timeout if timed_out else None
+
+
+class FreshProcesses(Launcher):
+    """Every test in `world_size` new rank processes (forks of the preloaded forkserver)."""
+
+    def __init__(self) -> None:
+        self._group: Optional[RankGroup] = None
+        self._case: Any = None
+
+    def start(self, case: Any) -> None:
+        _check_importable(case)
+        group = RankGroup(case.world_size)
+        self._group, self._case = group, case
+        case.file_name = group.file_name
+        case.init_method = f"file://{group.file_name}"
+        group.start(type(case), case._testMethodName)
+        case.processes = group.processes
+
+    def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
+        group = self._group
+        assert group is not None, "join before start"
+        timeout = case.timeout
+        return group.records, _timed_out_after(timeout, group.supervise(timeout))
+
+    def close(self) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._case.processes = []
+
+
+class SharedProcesses(Launcher):
+    """The tests of a class in one set of rank processes (harness/process/shared.py): `start`
+    sends the test to the class's ranks (starting them for its first test), `join` collects
+    it; a set that broke is replaced by SharedRanks."""
+
+    def __init__(self) -> None:
+        self._sent_to: Optional[shared_ranks.SharedRanks] = None
+        self._cls: Optional[type] = None
+
+    def start(self, case: Any) -> None:
+        _check_importable(case)
+        ranks = shared_ranks.ranks_of(type(case), case.world_size)
+        ranks.send_test(case)
+        self._sent_to, self._cls = ranks, type(case)
+
+    def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
+        ranks, self._sent_to = self._sent_to, None
+        assert ranks is not None, "join before start"
+        timeout = case.timeout
+        records, timed_out = ranks.finish_test(case, timeout)
+        return records, _timed_out_after(timeout, timed_out)
+
+    def close(self) -> None:
+        """A test sent to the ranks but never joined (its setUp failed later) leaves them out
+        of step: stop them. After a join the class's ranks stay for its next test."""
+        if self._sent_to is not None and self._cls is not None:
+            shared_ranks.stop(self._cls)
+            self._sent_to = None
+
+
+def launched_by_torchrun() -> Optional[Tuple[int, int]]:
+    """(rank, world_size) when torchrun started this process: it is then one of the ranks."""
+    return devices.torchrun_env()
+
+
+def default_world_size() -> int:
+    """A process case's world size unless its class says: the ranks torchrun launched, else
+    the harness's default (HARNESS_WORLD_SIZE, one rank per GPU, else 2)."""
+    launched = launched_by_torchrun()
+    return launched[1] if launched is not None else devices.default_world_size()
+
+
+def process_launcher(default: Launcher) -> Launcher:
+    """`default`, unless torchrun launched this process: then torchrun's launcher, which runs
+    this rank here and meets the other launched processes (harness/process/torchrun.py)."""
+    if launched_by_torchrun() is None:
+        return default
+    from harness.process.torchrun import TorchrunLauncher  # only needed under torchrun
+
+    return TorchrunLauncher()

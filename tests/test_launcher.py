@@ -1,0 +1,234 @@
+"""harness.launch: a new way of running ranks needs only a Launcher; the base does the rest.
+
+`FakeRanks` below is a complete launch mode in a few lines: it starts nothing, and `join`
+hands back records it made up. RankedTestCase must validate the class before asking for it,
+call start/join/close in order, and report the verdict of those records (grid points
+replayed as subtests). RankContext and the in-process runner are checked here too.
+"""
+
+from __future__ import annotations
+
+import os
+import unittest
+from typing import Any, List, Optional, Tuple
+
+from harness.devices import HarnessConfigError
+from harness.launch.case import SUPERVISOR_RANK, RankedTestCase
+from harness.launch.context import RankContext
+from harness.launch.in_process import SimulatedRanks, run_rank_here
+from harness.launch.launcher import Launcher
+from harness.launch.report import Event, RankRecord, RecordSink, ReportingResult
+from harness.skips import skip_if_lt_x_gpu
+
+CALLS: List[str] = []
+
+
+class FakeRanks(Launcher):
+    """A launch mode that runs nothing: its records are whatever the case class says."""
+
+    def __init__(self, records: List[RankRecord], timed_out_after: Optional[float]) -> None:
+        self.records, self.timed_out_after = records, timed_out_after
+
+    def start(self, case: Any) -> None:
+        CALLS.append(f"start {case.world_size}")
+
+    def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
+        CALLS.append("join")
+        return self.records, self.timed_out_after
+
+    def close(self) -> None:
+        CALLS.append("close")
+
+
+def finished(rank: int, *events: Event) -> RankRecord:
+    return RankRecord(rank, events=[*events, Event("done")], exitcode=0)
+
+
+def faked(**attrs: Any) -> type:
+    """A case class whose launcher is FakeRanks (made here so that loaders do not collect it)."""
+
+    class Faked(RankedTestCase):
+        world_size = 2
+        records: List[RankRecord] = []
+        timed_out_after: Optional[float] = None
+
+        def make_launcher(self) -> Launcher:
+            return FakeRanks(self.records, self.timed_out_after)
+
+        def test_body(self) -> None:
+            raise AssertionError("a faked test's body never runs in the supervisor")
+
+    for name, value in attrs.items():
+        setattr(Faked, name, value)
+    return Faked
+
+
+def run(records: List[RankRecord], timed_out_after: Optional[float] = None, **attrs: Any
+        ) -> Tuple[unittest.TestResult, RankedTestCase]:
+    cls = faked(records=records, timed_out_after=timed_out_after, **attrs)
+    CALLS.clear()
+    case = cls("test_body")
+    result = unittest.TestResult()
+    case.run(result)
+    return result, case
+
+
+class NewModeNeedsOnlyALauncher(unittest.TestCase):
+    def test_passing_records_pass_and_the_launcher_is_used_in_order(self) -> None:
+        records = [finished(0, Event("success")), finished(1, Event("success"))]
+        result, case = run(records)
+        self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
+        self.assertEqual(CALLS, ["start 2", "join", "close", "close"])  # close is idempotent
+        self.assertEqual(case.rank_records, records)
+        self.assertEqual(case.rank, SUPERVISOR_RANK)
+
+    def test_a_failing_rank_fails_the_test_with_its_traceback(self) -> None:
+        result, _ = run([finished(0), finished(1, Event("failure", "Traceback\nValueError: x"))])
+        self.assertEqual(len(result.failures), 1)
+        self.assertIn("rank 1 raised:\nTraceback\nValueError: x", result.failures[0][1])
+
+    def test_the_launchers_timeout_is_reported(self) -> None:
+        stuck = RankRecord(1, stopped=True, stack="File x, in wait")
+        result, _ = run([finished(0), stuck], timed_out_after=7.0)
+        self.assertIn("timed out after 7 s with rank 1 still running", result.failures[0][1])
+
+    def test_grid_points_are_replayed_as_subtests(self) -> None:
+        point = Event("subtest", "Traceback\nAssertionError: p", {"x": 1}, "fail")
+        result, _ = run([finished(0, point), finished(1)])
+        self.assertEqual(len(result.failures), 1)
+        self.assertIn("(x=1)", str(result.failures[0][0]))
+
+    def test_skips_of_every_rank_skip(self) -> None:
+        result, _ = run([finished(0, Event("skip", "why")), finished(1, Event("skip", "why"))])
+        self.assertEqual([reason for _, reason in result.skipped], ["why"])
+
+    def test_the_class_is_checked_before_the_launcher_is_asked(self) -> None:
+        result, _ = run([], world_size=0)
+        self.assertEqual(len(result.skipped), 1)
+        self.assertEqual(CALLS, [])
+        result, _ = run([], world_size=-1)
+        self.assertIn("Faked.world_size must be a positive int, got -1", result.errors[0][1])
+        self.assertEqual(CALLS, [])
+        result, _ = run([], timeout=0)
+        self.assertIn("Faked.timeout must be a positive number", result.errors[0][1])
+        self.assertEqual(CALLS, [])
+
+    def test_a_requirement_skips_before_the_launcher_is_asked(self) -> None:
+        result, _ = run([], test_body=skip_if_lt_x_gpu(64)(faked().test_body))
+        self.assertIn("Need at least 64 CUDA devices", result.skipped[0][1])
+        self.assertEqual(CALLS, [])
+
+    def test_a_setup_that_fails_after_start_still_closes(self) -> None:
+        def set_up(self: RankedTestCase) -> None:
+            RankedTestCase.setUp(self)
+            raise RuntimeError("later part of setUp")
+
+        result, _ = run([], setUp=set_up)
+        self.assertIn("later part of setUp", result.errors[0][1])
+        self.assertEqual(CALLS, ["start 2", "close"])
+
+    def test_a_setup_that_never_started_the_ranks_says_so(self) -> None:
+        result, _ = run([], setUp=lambda self: None)
+        self.assertIn("Faked.setUp did not start the ranks: call super().setUp()",
+                      result.errors[0][1])
+
+    def test_a_mode_must_name_its_launcher(self) -> None:
+        class Unnamed(RankedTestCase):
+            def test_body(self) -> None:
+                raise AssertionError("never runs")
+
+        result = unittest.TestResult()
+        Unnamed("test_body").run(result)
+        self.assertIn("Unnamed does not say how its ranks run", result.errors[0][1])
+
+    def test_a_configuration_error_is_one_line(self) -> None:
+        case = faked(world_size="two")("test_body")
+        with self.assertRaisesRegex(HarnessConfigError, "^Faked.world_size must be a positive"):
+            case.checked_rank_settings()
+
+
+class Context(unittest.TestCase):
+    def context(self, **fields: Any) -> RankContext:
+        return RankContext(1, 2, ReportingResult(RecordSink(RankRecord(1))), **fields)
+
+    def test_grid_point_done_counts_then_synchronises(self) -> None:
+        seen = []
+
+        def grid_sync(params: Any, passed: bool) -> bool:
+            seen.append((params, passed, context.grid_points))
+            return passed
+
+        context = self.context(grid_sync=grid_sync)
+        self.assertTrue(context.grid_point_done({"a": 1}, True))
+        self.assertFalse(context.grid_point_done({"a": 2}, False))
+        self.assertEqual(seen, [({"a": 1}, True, 1), ({"a": 2}, False, 2)])
+        self.assertEqual(context.grid_points, 2)
+
+    def test_without_a_grid_sync_every_point_goes_on(self) -> None:
+        context = self.context()
+        self.assertTrue(context.grid_point_done({}, False))
+        self.assertEqual(context.grid_points, 1)
+
+    def test_failed_follows_the_result(self) -> None:
+        context = self.context()
+        self.assertFalse(context.failed)
+        context.result.addFailure(unittest.TestCase(), (ValueError, ValueError("x"), None))
+        self.assertTrue(context.failed)
+
+
+SEEN: List[Tuple[Any, ...]] = []
+
+
+def simulated() -> type:
+    """A case class whose ranks are simulated here (made here so that loaders do not collect
+    it); its grid's second point fails."""
+
+    class Simulated(RankedTestCase):
+        world_size = 3
+
+        def make_launcher(self) -> Launcher:
+            return SimulatedRanks()
+
+        def test_grid(self) -> None:
+            assert self.rank_context is not None
+            SEEN.append((os.getpid(), self.rank, self.rank_context.world_size))
+
+            def point(x: int) -> None:
+                self.assertNotEqual(x, 2)
+
+            self.run_subtests({"x": [1, 2]}, point)
+
+    SEEN.clear()
+    return Simulated
+
+
+class InProcess(unittest.TestCase):
+    def test_run_rank_here_records_the_rank_of_a_second_instance(self) -> None:
+        record = run_rank_here(simulated()("test_grid"), 1, 3, init_method="x://")
+        self.assertEqual(SEEN, [(os.getpid(), 1, 3)])
+        self.assertEqual((record.rank, record.pid, record.grid_points), (1, os.getpid(), 2))
+        self.assertEqual([(e.kind, e.params, e.status) for e in record.events[:2]],
+                         [("subtest", {"x": 1}, "pass"), ("subtest", {"x": 2}, "fail")])
+        self.assertGreater(record.duration, 0.0)
+
+    def test_simulated_ranks_run_the_test_once_here(self) -> None:
+        case = simulated()("test_grid")
+        result = unittest.TestResult()
+        case.run(result)
+        self.assertEqual(SEEN, [(os.getpid(), 0, 3)])
+        self.assertEqual(len(result.failures), 1)
+        self.assertIn("(x=2)", str(result.failures[0][0]))
+        self.assertIn("rank 0 failed this grid point", result.failures[0][1])
+
+    def test_a_case_that_cannot_become_a_rank_is_a_failure(self) -> None:
+        class Refuses(simulated()):  # type: ignore[misc]
+            def attach_rank(self, context: RankContext) -> None:
+                raise RuntimeError("no rank for me")
+
+        record = run_rank_here(Refuses("test_grid"), 0, 1)
+        self.assertEqual([e.kind for e in record.events], ["failure", "done"])
+        self.assertIn("RuntimeError: no rank for me", record.events[0].text)
+
+
+if __name__ == "__main__":
+    unittest.main()
