@@ -104,8 +104,10 @@ class TestTorchrunFailures(unittest.TestCase):
     def test_a_rank_that_does_not_finish_stops_the_run(self) -> None:
         proc = torchrun(RANKS, "-k", "TestRankLags")
         self.assertNotEqual(proc.returncode, 0)
-        self.assertIn("rank(s) 1 did not finish within 3s", proc.stdout)
-        self.assertIn("run stopped: rank(s) 1 did not finish", proc.stdout)
+        self.assertIn("timed out after 3 s with rank 1 still running", proc.stdout)
+        self.assertIn("--- stack of rank 1 ---", proc.stdout)  # posted by rank 1 itself
+        self.assertIn("in test_lags_on_rank_1\n    time.sleep(60)", proc.stdout)
+        self.assertIn("run stopped: rank(s) 1 did not finish within 3s", proc.stdout)
         self.assertEqual(last_line(proc.stdout), "0 passed, 1 failed, 0 skipped")
 
     def test_a_world_size_other_than_the_launched_one_skips(self) -> None:

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
+import threading
+import traceback
 import unittest
 from datetime import timedelta
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import parse_qs, urlparse
 
 from harness import devices
@@ -45,6 +48,7 @@ __unittest = True
 SCHEME = "harness-torchrun"
 DEFAULT_MASTER_PORT = 29500
 STORE_TIMEOUT_S = 300.0
+STACK_WAIT_S = 5.0  # how long rank 0 waits for the stacks of ranks that did not report
 
 _store: Any = None
 _registered = False
@@ -57,8 +61,8 @@ _out_of_step = ""
 class RanksOutOfStep(RuntimeError):
     """Some ranks did not report a test in time: the run cannot go on in step."""
 
-    def __init__(self, missing: List[int], waited: float) -> None:
-        self.missing = missing
+    def __init__(self, missing: List[int], waited: float, reported: Dict[int, str]) -> None:
+        self.missing, self.reported = missing, reported  # reported: the others' texts by rank
         names = ", ".join(str(rank) for rank in missing)
         super().__init__(
             f"rank(s) {names} did not finish within {waited:g}s; "
@@ -173,9 +177,27 @@ class RankExchange:
         try:
             self._store.wait(keys, timedelta(seconds=timeout))
         except Exception:  # DistStoreError/RuntimeError, depending on the torch version
-            missing = [rank for rank, key in enumerate(keys) if not self._store.check([key])]
-            raise RanksOutOfStep(missing, timeout) from None
-        return [self._store.get(key).decode("utf-8") for key in keys]
+            there = {rank: self._store.check([key]) for rank, key in enumerate(keys)}
+            reported = {rank: self._get(keys[rank]) for rank, found in there.items() if found}
+            missing = [rank for rank, found in there.items() if not found]
+            raise RanksOutOfStep(missing, timeout, reported) from None
+        return [self._get(key) for key in keys]
+
+    def _get(self, key: str) -> str:
+        return self._store.get(key).decode("utf-8")
+
+    def post_stack(self, text: str) -> None:
+        """This rank's stack while its part of the current round is overdue."""
+        self._store.set(f"stack/{self.rounds}/{self.rank}", text)
+
+    def stacks_of(self, ranks: List[int], wait: float) -> Dict[int, str]:
+        """The stacks `ranks` posted in the last round, waiting up to `wait` s for them."""
+        keys = {rank: f"stack/{self.rounds - 1}/{rank}" for rank in ranks}
+        try:
+            self._store.wait(list(keys.values()), timedelta(seconds=wait))
+        except Exception:  # some never came: a rank stuck outside Python, or gone
+            pass
+        return {rank: self._get(key) for rank, key in keys.items() if self._store.check([key])}
 
     def finish(self, timeout: float) -> None:
         """Rank 0 waits until every rank is done with the store (rank 0 may be hosting it)."""
@@ -203,6 +225,19 @@ def finish_run(timeout: float) -> None:
         _exchange.finish(timeout)
 
 
+def _post_stack(exchange: RankExchange, thread_id: int) -> None:
+    """The watch of a test that outlived its timeout here: where this rank is now, for the
+    report of the rank that gives up waiting for it."""
+    frame = sys._current_frames().get(thread_id)
+    if frame is None:
+        return
+    entries = traceback.extract_stack(frame)
+    here = run_rank_here.__code__.co_filename  # the frames above it are the runner's
+    starts = [i for i, entry in enumerate(entries) if entry.filename == here]
+    shown = entries[starts[-1] + 1:] if starts else entries
+    exchange.post_stack("Stack (most recent call last):\n" + "".join(traceback.format_list(shown)))
+
+
 def _destroy_group_left_behind() -> None:
     """The default group a test left initialised (a rank whose test failed keeps it, as its
     peers may still be in a collective): this process runs the next test too, so it goes now,
@@ -218,8 +253,9 @@ class TorchrunLauncher(Launcher):
     and the ranks' records are exchanged through torchrun's store.
 
     A world size other than the launched one skips the test (it cannot run on these ranks).
-    A rank that does not report within the test's timeout after this one finished fails the
-    test and stops the run (`out_of_step`): the ranks can no longer meet test by test.
+    A rank that does not report within the test's timeout after this one finished times the
+    test out (with the stack it posted once its own timeout passed) and stops the run
+    (`out_of_step`): the ranks can no longer meet test by test.
     """
 
     def start(self, case: Any) -> None:
@@ -233,15 +269,29 @@ class TorchrunLauncher(Launcher):
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         global _out_of_step
         rank, world_size = _rank_and_world()
-        record = run_rank_here(case, rank, world_size, init_method=init_method())
-        _destroy_group_left_behind()
+        timeout = float(case.timeout)
         if world_size == 1:
+            record = run_rank_here(case, rank, world_size, init_method=init_method())
+            _destroy_group_left_behind()
             return [record], None
+        exchange = _rank_exchange()
+        watch = threading.Timer(timeout, _post_stack, (exchange, threading.get_ident()))
+        watch.daemon = True
+        watch.start()
         try:
-            texts = _rank_exchange().exchange(record.to_json(), float(case.timeout))
+            record = run_rank_here(case, rank, world_size, init_method=init_method())
+        finally:
+            watch.cancel()
+            watch.join()
+        _destroy_group_left_behind()
+        try:
+            texts = exchange.exchange(record.to_json(), timeout)
         except RanksOutOfStep as error:
             _out_of_step = str(error)
-            raise case.failureException(_out_of_step) from None
+            stacks = exchange.stacks_of(error.missing, STACK_WAIT_S)
+            records = [RankRecord.from_json(text) for text in error.reported.values()]
+            records += [RankRecord(r, stopped=True, stack=stacks.get(r, "")) for r in error.missing]
+            return sorted(records, key=lambda found: found.rank), timeout
         return [RankRecord.from_json(text) for text in texts], None
 
     def close(self) -> None:
