@@ -218,11 +218,12 @@ def _rank_exchange() -> RankExchange:
 
 
 def finish_run(timeout: float) -> None:
-    """At the end of a run: rank 0 waits up to `timeout` s until every rank is done with the
-    store it may be hosting. Nothing to wait for when no test exchanged records, or when the
-    ranks fell out of step (a missing rank would never say it is done)."""
-    if _exchange is not None and not _out_of_step:
-        _exchange.finish(timeout)
+    """At the end of a run under torchrun: every rank says it is done with the store, and rank
+    0 (which may be hosting it) waits up to `timeout` s for them. Not once the ranks fell out
+    of step: a missing rank would never say it is done."""
+    found = launched()
+    if found is not None and found[1] > 1 and not _out_of_step:
+        _rank_exchange().finish(timeout)
 
 
 def _post_stack(exchange: RankExchange, thread_id: int) -> None:
