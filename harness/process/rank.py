@@ -1,9 +1,10 @@
 """What runs inside one rank process: set the process up, run the test case, report every event.
 
-The parent (harness/process/case.py) only supervises. A rank re-creates its TestCase by
-name, runs it with `case.run(result)` so unittest's own machinery (setUp, subTest,
-skips, expected failures) applies unchanged, and `ReportingResult` sends each event to
-the parent over a pipe, where the outcome is decided. A fresh rank (`main`) runs one test
+The parent (harness/process/launchers.py) only supervises. A rank re-creates its TestCase by
+name, hands it its RankContext (`attach_rank`: rank, world size, rendezvous, the grid
+meeting `GridMeeting`), runs it with `case.run(result)` so unittest's own machinery (setUp,
+subTest, skips, expected failures) applies unchanged, and `ReportingResult` sends each event
+to the parent over a pipe, where the outcome is decided. A fresh rank (`main`) runs one test
 and exits; a shared rank (`serve`) sets its class up once and runs each test the parent
 sends it, reporting each test's events exactly as a fresh rank does. This module must stay
 importable without side effects: the forkserver preloads it.
@@ -121,6 +122,10 @@ def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
             break
         passed = _run_shared_test(cls, spec, task, channel)
         number += 1
+        # What the rank prints from here on (the next meeting: a peer that crashed shows up
+        # there as a connection error) is not this test's output: keep it out of its report.
+        output = f"{spec.output_path}.between"
+        _capture_output(output)
         if not cls._shared_rank_after_test():
             break
         met = passed and _meet(cls, channel, number)
