@@ -103,6 +103,7 @@ class TestOutcomes(FaultTestBase):
         self.assertTrue(result.wasSuccessful())
         self.assertEqual((result.failures, result.skipped), ([], []))
         self.assertEqual([r.exitcode for r in case.rank_records], [0, 0])
+        self.assertTrue(all(r.duration > 0 for r in case.rank_records), case.rank_records)
 
     def test_exception_on_one_rank(self) -> None:
         message = self.failure_of(fault_cases.Failing, "test_raise_on_rank_1")

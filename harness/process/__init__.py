@@ -1,2 +1,3 @@
-"""Ranks as processes: the test cases, the supervisor in the parent, the rank side, the
-forkserver that starts ranks in milliseconds, shared-process classes and torchrun."""
+"""Ranks as processes: the test cases, their launchers (fresh processes per test, shared
+processes per class, torchrun's), the supervisor in the parent, the rank side, and the
+forkserver that starts ranks in milliseconds."""

@@ -71,6 +71,7 @@ class RankGroup:
         self._closed = False
         self._tasks: Dict[int, Connection] = {}  # shared ranks: the pipe each gets its tests on
         self.round = 0  # shared ranks: how many tests they were sent before the current one
+        self._began = time.monotonic()  # when the current test was started or sent
         self._round_begun = False
         self._ready_for: Dict[int, int] = {}  # shared rank -> the test it last met the others for
 
@@ -90,6 +91,7 @@ class RankGroup:
         """Start the ranks of test class `cls`: fresh ones run its test `method`; shared ones
         wait for `send_test`."""
         context = forkserver.context(cls.__module__)
+        self._began = time.monotonic()
         for record in self.records:
             reader, writer = context.Pipe(duplex=False)
             args: tuple = (self._spec(cls, method, record.rank), writer)
@@ -133,6 +135,7 @@ class RankGroup:
         previous = self._forget_round() if self._round_begun else []
         self._round_begun = True
         task_file = self.test_file()
+        self._began = time.monotonic()
         try:
             for rank, pipe in self._tasks.items():
                 pipe.send(Task(method, self.output_path(rank), task_file))
@@ -224,6 +227,8 @@ class RankGroup:
                         self._ready_for[rank] = event.count
                         continue
                     self.records[rank].events.append(event)
+                    if event.kind == "done":
+                        self.records[rank].duration = time.monotonic() - self._began
                     if event.kind in ("failure", "expected_failure"):
                         self._note_problem(rank)
                 block = False

@@ -1,2 +1,2 @@
-"""Ranks as threads of one process: the test case, its in-process `threaded` backend and the
-world the rank threads share."""
+"""Ranks as threads of one process: the test case, its launcher, the in-process `threaded`
+backend and the world the rank threads share."""
