@@ -41,10 +41,6 @@ from harness.launch.in_process import run_rank_here
 from harness.launch.launcher import Launcher
 from harness.launch.report import RankRecord
 
-# unittest hides frames of modules that define this: a test that failed because the ranks
-# fell out of step shows why, not the frames that noticed it.
-__unittest = True
-
 SCHEME = "harness-torchrun"
 DEFAULT_MASTER_PORT = 29500
 STORE_TIMEOUT_S = 300.0
@@ -54,6 +50,7 @@ _store: Any = None
 _registered = False
 _scope = "run"
 _inits = itertools.count()
+_launches = itertools.count()  # multi-rank tests started here: the same count on every rank
 _exchange: Optional[RankExchange] = None
 _out_of_step = ""
 
@@ -239,14 +236,16 @@ def _post_stack(exchange: RankExchange, thread_id: int) -> None:
     exchange.post_stack("Stack (most recent call last):\n" + "".join(traceback.format_list(shown)))
 
 
-def _destroy_group_left_behind() -> None:
-    """The default group a test left initialised (a rank whose test failed keeps it, as its
-    peers may still be in a collective): this process runs the next test too, so it goes now,
-    where a rank process's exit would have taken it."""
+def _run_here(case: Any, rank: int, world_size: int) -> RankRecord:
+    """Run `case`'s test here as `rank`; then destroy the default group it left initialised
+    (a rank whose test failed keeps it, as its peers may still be in a collective): this
+    process runs the next test too, where a rank process's exit would have taken it."""
     import torch.distributed as dist
 
+    record = run_rank_here(case, rank, world_size, init_method=init_method())
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    return record
 
 
 class TorchrunLauncher(Launcher):
@@ -265,26 +264,23 @@ class TorchrunLauncher(Launcher):
             raise unittest.SkipTest(
                 f"needs world size {case.world_size}, torchrun launched {world_size} processes"
             )
-        new_scope(f"test{_rank_exchange().rounds if world_size > 1 else 0}")
+        new_scope(f"test{next(_launches)}")
 
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         global _out_of_step
         rank, world_size = _rank_and_world()
         timeout = float(case.timeout)
         if world_size == 1:
-            record = run_rank_here(case, rank, world_size, init_method=init_method())
-            _destroy_group_left_behind()
-            return [record], None
+            return [_run_here(case, rank, world_size)], None
         exchange = _rank_exchange()
         watch = threading.Timer(timeout, _post_stack, (exchange, threading.get_ident()))
         watch.daemon = True
         watch.start()
         try:
-            record = run_rank_here(case, rank, world_size, init_method=init_method())
+            record = _run_here(case, rank, world_size)
         finally:
             watch.cancel()
             watch.join()
-        _destroy_group_left_behind()
         try:
             texts = exchange.exchange(record.to_json(), timeout)
         except RanksOutOfStep as error:
