@@ -8,6 +8,7 @@ replayed as subtests). RankContext and the in-process runner are checked here to
 
 from __future__ import annotations
 
+import ast
 import os
 import unittest
 from typing import Any, List, Optional, Tuple
@@ -21,6 +22,7 @@ from harness.launch.report import Event, RankRecord, RecordSink, ReportingResult
 from harness.skips import skip_if_lt_x_gpu
 
 CALLS: List[str] = []
+HARNESS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "harness")
 
 
 class FakeRanks(Launcher):
@@ -228,6 +230,47 @@ class InProcess(unittest.TestCase):
         record = run_rank_here(Refuses("test_grid"), 0, 1)
         self.assertEqual([e.kind for e in record.events], ["failure", "done"])
         self.assertIn("RuntimeError: no rank for me", record.events[0].text)
+
+
+def harness_imports(package: str) -> List[Tuple[str, str]]:
+    """(module file, imported harness module) for every import in harness/<package>/."""
+    found = []
+    folder = os.path.join(HARNESS_DIR, package)
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            else:
+                continue
+            found += [(name, m) for m in modules if m.startswith("harness.")]
+    return found
+
+
+class Layering(unittest.TestCase):
+    """One record below both modes: neither mode imports the other, the shared layer neither."""
+
+    def assert_imports_none_of(self, package: str, *forbidden: str) -> None:
+        bad = [(f, m) for f, m in harness_imports(package) if m.startswith(forbidden)]
+        self.assertEqual(bad, [], f"harness/{package} imports {forbidden}")
+
+    def test_threads_do_not_import_processes(self) -> None:
+        self.assert_imports_none_of("threads", "harness.process")
+
+    def test_processes_do_not_import_threads(self) -> None:
+        self.assert_imports_none_of("process", "harness.threads")
+
+    def test_the_shared_layer_imports_no_mode(self) -> None:
+        self.assert_imports_none_of("launch", "harness.process", "harness.threads",
+                                    "harness.runner", "harness.kit")
+
+    def test_the_check_sees_imports(self) -> None:
+        self.assertIn(("launchers.py", "harness.process.supervisor"), harness_imports("process"))
 
 
 if __name__ == "__main__":
