@@ -53,6 +53,11 @@ class RankedTestCase(TestCase):
         per GPU, else 2."""
         return devices.default_world_size()
 
+    @property
+    def is_master(self) -> bool:
+        """Whether this is rank 0 (False in the supervisor)."""
+        return self.rank == 0
+
     def make_launcher(self) -> Launcher:
         """The launcher that runs this class's ranks (each mode's base says which)."""
         raise NotImplementedError(f"{type(self).__name__} does not say how its ranks run")

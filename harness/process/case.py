@@ -57,11 +57,6 @@ class MultiProcessTestCase(RankedTestCase):
         """
         return True
 
-    @property
-    def is_master(self) -> bool:
-        """Whether this is rank 0 (False in the supervising parent)."""
-        return self.rank == 0
-
     def doCleanups(self) -> Any:  # noqa: N802 - unittest's naming
         """After tearDown and the test's cleanups, a rank destroys the group it left behind.
 

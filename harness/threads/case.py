@@ -53,11 +53,6 @@ class MultiThreadedTestCase(RankedTestCase):
         # Upstream's rank is a plain attribute; subclasses read it as `_thread_rank`.
         self._thread_rank = rank
 
-    @property
-    def is_master(self) -> bool:
-        """Whether this is rank 0 (False in the supervisor)."""
-        return self.rank == 0
-
     def setUp(self) -> None:
         if self.rank_context is None:
             super().setUp()  # seeds the random generators, once, before any rank starts
