@@ -32,7 +32,8 @@ def junit_cases(*tests: unittest.TestCase, records: tuple = ()) -> Dict[str, ET.
 
 class GridPointsInXml(unittest.TestCase):
     NAMES = ("test_one_failing_point", "test_two_failing_points", "test_failure_after_a_point",
-             "test_skipped_points", "test_skipped_after_points", "test_error_point")
+             "test_skipped_points", "test_every_point_skipped", "test_skipped_after_points",
+             "test_error_point")
 
     @classmethod
     def setUpClass(cls) -> None:
@@ -59,9 +60,12 @@ class GridPointsInXml(unittest.TestCase):
                         text.index("ValueError: then the test itself"))
 
     def test_skips(self) -> None:
-        self.assertEqual(list(self.cases["test_skipped_points"]), [])
-        skipped = self.cases["test_skipped_after_points"].find("skipped")
-        self.assertEqual(skipped.get("message"), "skipped after its points")
+        self.assertEqual(list(self.cases["test_skipped_points"]), [])  # some points ran: passed
+        for name in ("test_skipped_after_points", "test_every_point_skipped"):
+            with self.subTest(name=name):
+                skipped = self.cases[name].find("skipped")
+                self.assertEqual(skipped.get("message"), self.records[name].message)
+                self.assertEqual(self.records[name].status, "skipped")
 
 
 class RecordsInXml(unittest.TestCase):

@@ -46,6 +46,9 @@ def _grid_cases() -> type:
         def test_skipped_points(self) -> None:
             self.points(failing=(), skipping=(1, 3))
 
+        def test_every_point_skipped(self) -> None:
+            self.points(failing=(), skipping=(1, 2, 3))
+
         def test_skipped_after_points(self) -> None:
             self.points(failing=())
             self.skipTest("skipped after its points")
@@ -93,6 +96,11 @@ class Folding(unittest.TestCase):
         record = collect(_grid_cases()("test_skipped_points"))
         self.assertEqual((record.status, record.grid_points), ("passed", 3))
 
+    def test_a_test_whose_every_point_skipped_is_skipped_with_the_first_reason(self) -> None:
+        record = collect(_grid_cases()("test_every_point_skipped"))
+        self.assertEqual((record.status, record.message), ("skipped", "point 1 skips"))
+        self.assertEqual(record.grid_points, 3)
+
     def test_a_test_that_skips_after_its_points_is_skipped(self) -> None:
         record = collect(_grid_cases()("test_skipped_after_points"))
         self.assertEqual((record.status, record.message), ("skipped", "skipped after its points"))
@@ -131,8 +139,15 @@ def _cases() -> tuple:
                     self.assertNotEqual(value, 2)  # one failing grid point: one failed test
 
         def test_skip_point(self) -> None:
-            with self.subTest(value=1):
-                self.skipTest("a skipped grid point does not skip the test")
+            for value in (1, 2):
+                with self.subTest(value=value):
+                    if value == 2:
+                        self.skipTest("one skipped grid point does not skip the test")
+
+        def test_skip_every_point(self) -> None:
+            for value in (1, 2):
+                with self.subTest(value=value):
+                    self.skipTest("every grid point skipped: the test tested nothing")
 
         def test_skip(self) -> None:
             self.skipTest("skipped")
@@ -167,9 +182,9 @@ class TallyCounts(unittest.TestCase):
     def test_one_verdict_per_finished_test(self) -> None:
         cases, _ = _cases()
         names = ["test_pass", "test_fail", "test_grid", "test_skip_point", "test_skip",
-                 "test_expected_failure"]
+                 "test_skip_every_point", "test_expected_failure"]
         counts = self.tally(*(cases(name) for name in names))
-        self.assertEqual(counts, {"passed": 3, "failed": 2, "skipped": 1})
+        self.assertEqual(counts, {"passed": 3, "failed": 2, "skipped": 2})
 
     def test_an_interrupted_test_has_no_verdict(self) -> None:
         cases, _ = _cases()

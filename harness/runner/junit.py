@@ -44,11 +44,13 @@ def junit_result_class() -> type:
             return bool(getattr(self, "_fold", None) and self._fold.failed_points)
 
         def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
-            if err is not None:
-                text = self._exc_info_to_string(err, test)
-                self._fold.subtest(subtest, text, err[0].__name__)
-                if self.failfast:
-                    self.stop()
+            if err is None:
+                self._fold.subtest(subtest)
+                return
+            text = self._exc_info_to_string(err, test)
+            self._fold.subtest(subtest, text, err[0].__name__)
+            if self.failfast:
+                self.stop()
 
         def addFailure(self, test: Any, err: Any) -> None:  # noqa: N802
             if self._folding():
@@ -64,7 +66,7 @@ def junit_result_class() -> type:
 
         def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
             if getattr(self, "_test", None) not in (None, test):  # a grid point skipped itself
-                self._fold.point_skipped()
+                self._fold.point_skipped(reason)
                 return
             super().addSkip(test, reason)
 
@@ -72,8 +74,12 @@ def junit_result_class() -> type:
             if not interrupted_now():
                 if self._folding():
                     super().addFailure(test, self._fold.take_folded(test.id()))
-                elif self._outcomes() == self._outcomes_before:  # only skipped grid points
-                    self.addSuccess(test)
+                elif self._outcomes() == self._outcomes_before:  # only grid points, no verdict
+                    every_point_skipped = self._fold.every_point_skipped()
+                    if every_point_skipped is not None:
+                        super().addSkip(test, every_point_skipped)
+                    else:
+                        self.addSuccess(test)
             self._fold = GridFold()  # an interrupted test did not finish: no testcase for it
             self._test = None
             super().stopTest(test)

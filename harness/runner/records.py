@@ -82,11 +82,12 @@ def interrupted_now() -> bool:
 
 
 class Tally:
-    """Mixin for a unittest result class: one verdict per finished test (a test with failing
-    grid points counts once), for the closing `N passed, N failed, N skipped` line.
-    A class or module fixture that fails (or skips) counts as one failure (or skip)."""
+    """Mixin for a unittest result class: one verdict per finished test, for the closing
+    `N passed, N failed, N skipped` line, by GridFold's rule (a test with failing grid
+    points counts once, one whose every grid point skipped is a skip). A class or module
+    fixture that fails (or skips) counts as one failure (or skip)."""
 
-    _verdict: Optional[str] = None
+    _fold: Optional[GridFold] = None
     _current: Any = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -95,40 +96,46 @@ class Tally:
 
     def startTest(self, test: Any) -> None:  # noqa: N802 - unittest's naming
         super().startTest(test)  # type: ignore[misc]
-        self._current, self._verdict = test, "passed"
+        self._current, self._fold = test, GridFold()
 
-    def _mark(self, test: Any, verdict: str) -> None:
-        if self._current is None:  # a fixture outside any test
-            self.tally[verdict] += 1
-        elif verdict == "failed" or test is self._current:
-            self._verdict = "failed" if "failed" in (verdict, self._verdict) else verdict
+    def _problem(self, status: str, exc_type: str) -> None:
+        if self._fold is None:  # a fixture outside any test
+            self.tally["failed"] += 1
+        else:
+            self._fold.error(status, exc_type, "")
 
     def addFailure(self, test: Any, err: Any) -> None:  # noqa: N802
         super().addFailure(test, err)  # type: ignore[misc]
-        self._mark(test, "failed")
+        self._problem("failed", err[0].__name__)
 
     def addError(self, test: Any, err: Any) -> None:  # noqa: N802
         super().addError(test, err)  # type: ignore[misc]
-        self._mark(test, "failed")
+        self._problem("error", err[0].__name__)
 
     def addUnexpectedSuccess(self, test: Any) -> None:  # noqa: N802
         super().addUnexpectedSuccess(test)  # type: ignore[misc]
-        self._mark(test, "failed")
+        self._problem("failed", "UnexpectedSuccess")
 
     def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
         super().addSkip(test, reason)  # type: ignore[misc]
-        self._mark(test, "skipped")
+        if self._fold is None:
+            self.tally["skipped"] += 1
+        elif test is self._current:
+            self._fold.skipped(reason)
+        else:  # a grid point skipped itself
+            self._fold.point_skipped(reason)
 
     def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
         super().addSubTest(test, subtest, err)  # type: ignore[misc]
-        if err is not None:
-            self._mark(test, "failed")
+        if self._fold is not None:
+            self._fold.subtest(subtest, None if err is None else "", "")
 
     def stopTest(self, test: Any) -> None:  # noqa: N802
         super().stopTest(test)  # type: ignore[misc]
-        if self._verdict is not None and not interrupted_now():
-            self.tally[self._verdict] += 1
-        self._current = self._verdict = None
+        if self._fold is not None and not interrupted_now():
+            status = self._fold.record(test.id()).status
+            self.tally["failed" if status in FAILED else status] += 1
+        self._current = self._fold = None
 
 
 def reported_exc_info(record: RunRecord) -> Tuple[type, BaseException, None]:
@@ -143,12 +150,15 @@ class GridFold:
 
     The rule lives here alone: a test with failing grid points is one failed test whose
     message lists the points with their parameters (then the test's own error, if it had
-    one); every grid point it ran (passed, failed or skipped) counts toward its grid points.
+    one); a test whose every grid point skipped itself tested nothing, so it is skipped, with
+    the first point's reason (as unittest's own runner lists only skips for it); every grid
+    point it ran (passed, failed or skipped) counts toward its grid points.
     """
 
     def __init__(self) -> None:
         self.points_run = 0
         self.failed_points: List[Tuple[str, str, str]] = []  # params, traceback, exception type
+        self.point_skips: List[str] = []  # each skipped grid point's reason
         self.main: Optional[Tuple[str, str, str]] = None  # status, exception type, traceback
         self.skip: Optional[str] = None
 
@@ -158,8 +168,15 @@ class GridFold:
         if text is not None:
             self.failed_points.append((params_text(subtest), text, exc_type))
 
-    def point_skipped(self) -> None:
+    def point_skipped(self, reason: str) -> None:
         self.points_run += 1
+        self.point_skips.append(reason)
+
+    def every_point_skipped(self) -> Optional[str]:
+        """The first point's reason when the test ran grid points and every one skipped."""
+        if self.point_skips and len(self.point_skips) == self.points_run:
+            return self.point_skips[0]
+        return None
 
     def error(self, status: str, exc_type: str, text: str) -> None:
         """The test itself failed ("failed") or raised ("error"), with traceback `text`."""
@@ -180,8 +197,9 @@ class GridFold:
         elif self.main:
             record.status, record.exc_type, record.detail = self.main
             record.message = last_line(main_text)
-        elif self.skip is not None:
-            record.status, record.message = "skipped", self.skip
+        elif self.skip is not None or self.every_point_skipped() is not None:
+            record.status = "skipped"
+            record.message = self.skip if self.skip is not None else self.point_skips[0]
         return record
 
     def take_folded(self, test_id: str) -> Tuple[type, BaseException, None]:
@@ -243,7 +261,7 @@ class Collector(unittest.TestResult):
         elif test is self._test:
             self._fold.skipped(reason)
         else:  # a grid point skipped itself
-            self._fold.point_skipped()
+            self._fold.point_skipped(reason)
 
     def addExpectedFailure(self, test: Any, err: Any) -> None:  # noqa: N802
         """Counts as passed: the test failed as it declared it would."""

@@ -53,7 +53,7 @@ UPSTREAM_HOME = {
     "instantiate_device_type_tests": "common_device_type",
 }
 
-_IMPORT = re.compile(r"^from (harness(?:\.compat_local_tensor)?) import (\([^)]*\)|[^\n]*)$", re.M)
+_IMPORT = re.compile(r"^from (harness(?:\.compat\.local_tensor)?) import (\([^)]*\)|[^\n]*)$", re.M)
 
 
 def rewrite_for_upstream(source: str) -> str:
