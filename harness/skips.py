@@ -177,6 +177,16 @@ def skip_if_no_gpu(func: Callable) -> Callable:
     return requires(AcceleratorRequirement(PER_RANK))(func)
 
 
+def require_accelerator_per_rank(world_size: int, device_type: str) -> None:
+    """Skip before any rank starts when a base that gives each rank its own accelerator (FSDP's)
+    runs on one with fewer accelerators than ranks, as upstream's FSDP ranks skip (instead of
+    failing in the backend with two ranks on one device). CPU device types need none."""
+    if device_type == "cpu" or accelerators_suffice(world_size):
+        return
+    found = devices.accelerator_count()
+    raise unittest.SkipTest(f"{_count_message(world_size)} ({found} found)")
+
+
 def at_least_x_gpu(x: int) -> bool:
     """Whether `x` accelerators are available here (for skipIf conditions and branches)."""
     return accelerators_suffice(x)

@@ -12,6 +12,7 @@ import tempfile
 import unittest
 import xml.etree.ElementTree as ElementTree
 from typing import Dict, List, Tuple
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -277,6 +278,29 @@ class TestFSDPTestInParent(unittest.TestCase):
         case = TestFSDPTestBase("test_process_group_is_the_default_group")
         self.assertEqual(case.rank, MAIN_PROCESS_RANK)
         self.assertFalse(dist.is_initialized())
+
+    def test_more_ranks_than_accelerators_skip_before_any_rank_starts(self) -> None:
+        """As upstream's FSDP ranks do (multi-gpu-N), rather than two ranks on one GPU failing
+        in the backend; seen on a 1-GPU machine with a world size 2 class."""
+        with mock.patch.object(devices, "accelerator_count", return_value=1), \
+                mock.patch.object(TooFewAccelerators, "device_type", "cuda"), \
+                mock.patch("harness.process.supervisor.RankGroup.start") as start:
+            result = unittest.TestResult()
+            TooFewAccelerators("never_runs").run(result)
+        self.assertEqual([], result.errors + result.failures)
+        self.assertEqual([(result.skipped[0][0].id(), "Need at least 2 CUDA devices (1 found)")],
+                         [(t.id(), reason) for t, reason in result.skipped])
+        start.assert_not_called()
+
+
+class TooFewAccelerators(FSDPTest):
+    """Run only by TestFSDPTestInParent, with one accelerator faked (its method is not named
+    test_*, so no loader runs it on its own)."""
+
+    world_size = 2
+
+    def never_runs(self) -> None:
+        raise AssertionError("must not run: the machine has too few accelerators")
 
 
 if __name__ == "__main__":

@@ -54,6 +54,14 @@ class SkipsTest(unittest.TestCase):
             self.assertIn(f"multi-gpu-{n}", TEST_SKIPS)
         self.assertEqual(len(SKIP_BY_EXIT_CODE), len(TEST_SKIPS), "exit codes must be unique")
 
+    def test_one_accelerator_per_rank(self):
+        self.use_gpus(1)
+        message = r"^Need at least 2 CUDA devices \(1 found\)$"
+        with self.assertRaisesRegex(unittest.SkipTest, message):
+            skips.require_accelerator_per_rank(2, "cuda")
+        skips.require_accelerator_per_rank(1, "cuda")  # enough: no skip
+        skips.require_accelerator_per_rank(2, "cpu")  # CPU ranks need no accelerator
+
     def test_skips_on_cpu_with_a_reason_that_says_accelerator(self):
         self.use_gpus(0)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import unittest
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,7 @@ from harness.compat import fsdp1
 from harness.kit.fsdp_helpers import _zero_model, get_full_params
 from harness.kit.models import DEVICEInitMode, FSDPInitMode, fsdp_kwargs_for_device
 from harness.process.case import MAIN_PROCESS_RANK, MultiProcessTestCase
+from harness.skips import require_accelerator_per_rank
 from harness.threads.case import MultiThreadedTestCase
 from harness.threads.world import RankReleased
 
@@ -309,6 +310,12 @@ class FSDPTest(FSDPTestMixin, _RankDevice, MultiProcessTestCase):
     def destroy_pg_upon_exit(self) -> bool:
         """False, as upstream's FSDPTest: its own tearDown destroys the group."""
         return False
+
+    def checked_rank_settings(self) -> Tuple[int, float]:
+        """The base's checks, then one accelerator per rank unless the device type is CPU."""
+        world_size, timeout = super().checked_rank_settings()
+        require_accelerator_per_rank(world_size, self.device_type)
+        return world_size, timeout
 
     def setUp(self) -> None:
         super().setUp()

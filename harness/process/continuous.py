@@ -18,9 +18,8 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-import unittest
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -30,9 +29,9 @@ from harness.compat import local_tensor as compat_local_tensor
 from harness.kit.fsdp import FSDPTestMixin
 from harness.launch.launcher import Launcher
 from harness.process import shared as shared_ranks
-from harness.process.case import MAIN_PROCESS_RANK, MultiProcessTestCase
+from harness.process.case import MultiProcessTestCase
 from harness.process.launchers import SharedProcesses, process_launcher
-from harness.skips import accelerators_suffice
+from harness.skips import require_accelerator_per_rank
 
 
 class _DefaultWorldSize:
@@ -200,9 +199,8 @@ class FSDPTestContinuous(FSDPTestMixin, MultiProcContinuousTest):
     def process_group(self) -> Any:
         return type(self).pg
 
-    def setUp(self) -> None:
-        if self.rank == MAIN_PROCESS_RANK and class_device_type(type(self)) != "cpu":
-            found, needed = devices.accelerator_count(), self.world_size
-            if isinstance(needed, int) and not accelerators_suffice(needed):
-                raise unittest.SkipTest(f"Need at least {needed} CUDA devices ({found} found)")
-        super().setUp()
+    def checked_rank_settings(self) -> Tuple[int, float]:
+        """The base's checks, then one accelerator per rank unless the device type is CPU."""
+        world_size, timeout = super().checked_rank_settings()
+        require_accelerator_per_rank(world_size, class_device_type(type(self)))
+        return world_size, timeout
