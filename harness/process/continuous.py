@@ -135,8 +135,18 @@ class MultiProcContinuousTest(MultiProcessTestCase):
     @classmethod
     def _shared_rank_before_test(cls) -> None:
         """Every rank meets before a test, so none is still in the last one (the test's setUp
-        then reseeds, as in every rank)."""
-        dist.barrier(group=cls.pg)
+        then reseeds, as in every rank).
+
+        The meeting is a collective on the class's group (a group left out of step cannot
+        complete it), on a CPU tensor when the group has a CPU backend: a barrier there would
+        use the accelerator backend, which fails when ranks share one GPU (a CPU test class
+        with more ranks than GPUs; seen with nccl on a 1-GPU machine), where the test itself
+        would never touch the GPU.
+        """
+        if "gloo" in dist.get_backend_config(cls.pg):
+            dist.all_reduce(torch.zeros(1), group=cls.pg)
+        else:
+            dist.barrier(group=cls.pg)
 
     @classmethod
     def _shared_rank_after_test(cls) -> bool:
