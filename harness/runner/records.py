@@ -87,7 +87,7 @@ class Tally:
     points counts once, one whose every grid point skipped is a skip). A class or module
     fixture that fails (or skips) counts as one failure (or skip)."""
 
-    _fold: Optional[GridFold] = None
+    _verdict_fold: Optional[GridFold] = None  # own name: JUnitResult, mixed in too, has _fold
     _current: Any = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -96,13 +96,13 @@ class Tally:
 
     def startTest(self, test: Any) -> None:  # noqa: N802 - unittest's naming
         super().startTest(test)  # type: ignore[misc]
-        self._current, self._fold = test, GridFold()
+        self._current, self._verdict_fold = test, GridFold()
 
     def _problem(self, status: str, exc_type: str) -> None:
-        if self._fold is None:  # a fixture outside any test
+        if self._verdict_fold is None:  # a fixture outside any test
             self.tally["failed"] += 1
         else:
-            self._fold.error(status, exc_type, "")
+            self._verdict_fold.error(status, exc_type, "")
 
     def addFailure(self, test: Any, err: Any) -> None:  # noqa: N802
         super().addFailure(test, err)  # type: ignore[misc]
@@ -118,24 +118,24 @@ class Tally:
 
     def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
         super().addSkip(test, reason)  # type: ignore[misc]
-        if self._fold is None:
+        if self._verdict_fold is None:
             self.tally["skipped"] += 1
         elif test is self._current:
-            self._fold.skipped(reason)
+            self._verdict_fold.skipped(reason)
         else:  # a grid point skipped itself
-            self._fold.point_skipped(reason)
+            self._verdict_fold.point_skipped(reason)
 
     def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
         super().addSubTest(test, subtest, err)  # type: ignore[misc]
-        if self._fold is not None:
-            self._fold.subtest(subtest, None if err is None else "", "")
+        if self._verdict_fold is not None:
+            self._verdict_fold.subtest(subtest, None if err is None else "", "")
 
     def stopTest(self, test: Any) -> None:  # noqa: N802
         super().stopTest(test)  # type: ignore[misc]
-        if self._fold is not None and not interrupted_now():
-            status = self._fold.record(test.id()).status
+        if self._verdict_fold is not None and not interrupted_now():
+            status = self._verdict_fold.record(test.id()).status
             self.tally["failed" if status in FAILED else status] += 1
-        self._current = self._fold = None
+        self._current = self._verdict_fold = None
 
 
 def reported_exc_info(record: RunRecord) -> Tuple[type, BaseException, None]:
