@@ -23,6 +23,11 @@ class DistributedTest(unittest.TestCase):
         self.assertIs(module, distributed.composable_checkpoint(module))
         self.assertIs(module, distributed.composable_replicate(module))
 
+    def test_cpu_barrier_meets_through_the_cpu_backend(self):
+        self.assertIn("gloo", dist.get_backend_config(dist.group.WORLD))
+        distributed.cpu_barrier(dist.group.WORLD)  # a 1-rank group: returns once met
+        # (tests/test_shared_ranks.py: a group left out of step fails this meeting)
+
     def test_apply_optimizer_in_backward_steps_during_backward(self):
         module = torch.nn.Linear(2, 2)
         before = module.weight.detach().clone()

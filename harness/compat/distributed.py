@@ -2,7 +2,7 @@
 
 The default group, composable DDP and checkpointing (``_composable``), and the optimizer step in
 backward: upstream's tests reach them through private names, so the migrated suites do too,
-through here.
+through here. Also a barrier on a group's CPU backend, for shared ranks' meeting.
 """
 
 from __future__ import annotations
@@ -36,3 +36,15 @@ def apply_optimizer_in_backward(**kwargs: Any) -> None:
     from torch.distributed.optim import _apply_optimizer_in_backward
 
     _apply_optimizer_in_backward(**kwargs)
+
+
+def cpu_barrier(group: Any) -> None:
+    """A barrier through `group`'s CPU backend (gloo), also in a group that has an accelerator
+    backend too ("cpu:gloo,cuda:nccl"), where `dist.barrier` would pick the accelerator's.
+    Through `ProcessGroup._get_backend`, the backend object behind one device type."""
+    import torch
+    from torch.distributed import BarrierOptions
+
+    options = BarrierOptions()
+    options.device = torch.device("cpu")
+    group._get_backend(torch.device("cpu")).barrier(options).wait()

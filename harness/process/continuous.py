@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from harness import devices
+from harness.compat import distributed
 from harness.compat import local_tensor as compat_local_tensor
 from harness.kit.fsdp import FSDPTestMixin
 from harness.launch.launcher import Launcher
@@ -137,14 +138,13 @@ class MultiProcContinuousTest(MultiProcessTestCase):
         """Every rank meets before a test, so none is still in the last one (the test's setUp
         then reseeds, as in every rank).
 
-        The meeting is a collective on the class's group (a group left out of step cannot
-        complete it), on a CPU tensor when the group has a CPU backend: a barrier there would
-        use the accelerator backend, which fails when ranks share one GPU (a CPU test class
-        with more ranks than GPUs; seen with nccl on a 1-GPU machine), where the test itself
-        would never touch the GPU.
+        A barrier of the class's group, which a group left out of step cannot complete; on
+        its CPU backend when it has one: `dist.barrier` would pick the accelerator's backend,
+        which fails where ranks share one GPU (a CPU test class with more ranks than GPUs;
+        seen with nccl on a 1-GPU machine) although the test itself never touches the GPU.
         """
         if "gloo" in dist.get_backend_config(cls.pg):
-            dist.all_reduce(torch.zeros(1), group=cls.pg)
+            distributed.cpu_barrier(cls.pg)
         else:
             dist.barrier(group=cls.pg)
 
