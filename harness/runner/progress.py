@@ -7,11 +7,13 @@ and for how long, so a hang is visible before the timeout ends it.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from typing import Optional, TextIO
 
 from harness import devices
+from harness.runner.lifecycle import STOP_SIGNALS
 from harness.runner.records import FAILED, RunRecord
 
 PROGRESS_INTERVAL_ENV = "HARNESS_PROGRESS_INTERVAL"
@@ -87,6 +89,9 @@ class Progress:
             self._last_line = time.monotonic()
 
     def _tick(self) -> None:
+        # The signals that stop a run go to the main thread: one the kernel delivered to this
+        # thread would be noticed only once the main thread wakes (after a test's long sleep).
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         while not self._stop.wait(0.5 if self.live else min(self.interval, 1.0) or 0.05):
             if self.live:
                 with self._lock:
