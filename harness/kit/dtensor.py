@@ -613,13 +613,12 @@ class _LocalRanksMixin:
         """Every rank is simulated by one run of the test in this process."""
         return SimulatedRanks()
 
-    def _local_set_up(self) -> None:
+    def _rank_set_up(self) -> None:
         """In the instance that simulates the ranks: LocalTensor's process-wide settings."""
-        if self.rank_context is None:  # type: ignore[attr-defined]
-            return
         compat_local_tensor.set_record_function_enabled(False)
         self.addCleanup(compat_local_tensor.set_record_function_enabled, True)  # type: ignore[attr-defined]
         self.addCleanup(compat_local_tensor.reset_dtensor_rng_tracker)  # type: ignore[attr-defined]
+        super()._rank_set_up()  # type: ignore[misc]
 
     def build_device_mesh(self) -> DeviceMesh:
         with compat_local_tensor.maybe_disable_local_tensor_mode():
@@ -647,17 +646,9 @@ class _LocalGroupPerTest:
 class LocalDTensorTestBase(_LocalRanksMixin, _LocalGroupPerTest, DTensorTestBase):
     """DTensorTestBase with every rank simulated in this process (no rank processes)."""
 
-    def setUp(self) -> None:
-        super().setUp()
-        self._local_set_up()
-
 
 class LocalDTensorOpTestBase(_LocalRanksMixin, _LocalGroupPerTest, DTensorOpTestBase):
     """DTensorOpTestBase with every rank simulated in this process (no rank threads)."""
-
-    def setUp(self) -> None:
-        super().setUp()
-        self._local_set_up()
 
 
 class LocalDTensorContinuousTestBase(_LocalRanksMixin, DTensorContinuousTestBase):
@@ -679,8 +670,6 @@ class LocalDTensorContinuousTestBase(_LocalRanksMixin, DTensorContinuousTestBase
 
     def setUp(self) -> None:
         TestCase.setUp(self)  # no rank processes and no per-test group: the class has one
-        self._start_ranks()
-        self._local_set_up()
 
     def tearDown(self) -> None:
         TestCase.tearDown(self)

@@ -10,7 +10,7 @@ be read, and tested, in one place.
 from __future__ import annotations
 
 import unittest
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from harness.launch.collective_trace import collectives_section, disagreement
 from harness.launch.report import RankRecord
@@ -20,6 +20,13 @@ from harness.launch.report import RankRecord
 __unittest = True
 
 OUTPUT_TAIL_LINES = 200
+
+ExitAccepted = Callable[[int, int], bool]
+
+
+class RankError(RuntimeError):
+    """A rank raised an exception other than an assertion's: the test is an error, as
+    unittest reports such an exception in a single process (upstream raises RuntimeError)."""
 
 
 class SubtestVerdict(NamedTuple):
@@ -31,26 +38,34 @@ class SubtestVerdict(NamedTuple):
 
 
 class Verdict(NamedTuple):
-    kind: str  # "pass" | "fail" | "skip"
+    kind: str  # "pass" | "fail" | "error" | "skip"
     message: str
     subtests: List[SubtestVerdict]
     grid_points: int
 
 
-def decide(records: List[RankRecord], timed_out_after: Optional[float]) -> Verdict:
-    """The test's outcome from every rank's record, by DESIGN.md's rules."""
+def decide(
+    records: List[RankRecord], timed_out_after: Optional[float],
+    exit_accepted: Optional[ExitAccepted] = None,
+) -> Verdict:
+    """The test's outcome from every rank's record, by DESIGN.md's rules.
+
+    `exit_accepted(rank, exitcode)` names exits the test expects (no problem then).
+    """
     subtests = merge_subtests(records)
     grid_points = max((r.grid_points for r in records), default=0)
-    failing = sorted((r for r in records if r.failed), key=lambda r: (r.problem_at, r.rank))
+    failing = sorted(
+        (r for r in records if r.problems(exit_accepted)), key=lambda r: (r.problem_at, r.rank)
+    )
     if timed_out_after is not None:
         running = [r for r in records if r.stopped]
         names = ", ".join(f"rank {r.rank}" for r in running)
         head = f"timed out after {timed_out_after:g} s with {names} still running"
         body = [ranks_collectives(running), stacks_section(running)]
-        body += [p for r in failing for p in r.problems()]
+        body += [p for r in failing for p in r.problems(exit_accepted)]
         return Verdict("fail", report(head, body, records), subtests, grid_points)
     if failing:
-        problems = [p for r in failing for p in r.problems()]
+        problems = [p for r in failing for p in r.problems(exit_accepted)]
         head = "; ".join(p.splitlines()[0].rstrip(":") for p in problems)
         stopped = [r for r in records if r.stopped]
         details = [p for p in problems if "\n" in p]  # one-line problems are all in the head
@@ -58,7 +73,10 @@ def decide(records: List[RankRecord], timed_out_after: Optional[float]) -> Verdi
         if stopped or disagreement(calls):
             details.append(collectives_section(calls))
         body = details + ([stopped_section(stopped)] if stopped else [])
-        return Verdict("fail", report(head, body, records), subtests, grid_points)
+        # The rank named first decides, as unittest would in that rank: an exception other
+        # than an assertion's is an error; a crash, a signal or an exit code is a failure.
+        kind = "error" if failing[0].raised_error() else "fail"
+        return Verdict(kind, report(head, body, records), subtests, grid_points)
     reasons = [reason for reason in (r.skip_reason() for r in records) if reason is not None]
     if reasons:
         return Verdict("skip", reasons[0], subtests, grid_points)
@@ -148,5 +166,7 @@ def apply_verdict(case: unittest.TestCase, verdict: Verdict) -> None:
                 raise unittest.SkipTest(point.text)
     if verdict.kind == "fail":
         raise case.failureException(verdict.message)
+    if verdict.kind == "error":
+        raise RankError(verdict.message)
     if verdict.kind == "skip":
         raise unittest.SkipTest(verdict.message)

@@ -127,6 +127,7 @@ class RankGroup:
             temp_dir=self.temp_dir,
             threads=devices.intra_op_threads(world_size),
             env=dict(os.environ),
+            fake_pg=bool(getattr(cls, "fake_pg", False)),
         )
 
     def send_test(self, method: str) -> bool:
@@ -229,7 +230,7 @@ class RankGroup:
                     self.records[rank].events.append(event)
                     if event.kind == "done":
                         self.records[rank].duration = time.monotonic() - self._began
-                    if event.kind in ("failure", "expected_failure"):
+                    if event.kind in ("failure", "expected_failure", "exit"):
                         self._note_problem(rank)
                 block = False
         except (EOFError, OSError):
