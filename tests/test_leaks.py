@@ -63,6 +63,13 @@ class SnapshotTest(unittest.TestCase):
         self.assertEqual(found, ["ADDED_A, ADDED_B in os.environ", "PATH removed from os.environ",
                                  "HOME changed in os.environ"])
 
+    def test_environ_set_by_torch_on_first_use_is_not_a_leak(self) -> None:
+        with mock.patch.dict(os.environ):
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            before = leaks.snapshot(["environ"])
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = "/tmp/cache"
+            self.assertEqual(leaks.leaks(before, leaks.snapshot(["environ"])), [])
+
     def test_default_dtype(self) -> None:
         found = self.found(("default_dtype",), lambda: torch.set_default_dtype(torch.float64),
                            lambda: torch.set_default_dtype(torch.float32))

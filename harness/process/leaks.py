@@ -7,11 +7,12 @@ every difference, and a test with any fails with `leak_message` (the class's nex
 gets fresh ranks, so the leak never reaches it).
 
 Checks, by the name a class uses to opt out of one (`skip_leak_checks = ("environ",)`):
-environ (os.environ), default_dtype, default_device, grad_mode (grad and inference mode),
-deterministic (torch's deterministic-algorithms mode, cuDNN's deterministic and benchmark
-flags), process_groups (groups other than the class's left alive), threads (non-daemon
-threads still running). `generator` (the default CPU generator's state) runs only for a class
-that opts in with `check_generator_leaks = True`: most tests draw random numbers.
+environ (os.environ, but for what torch sets on a feature's first use), default_dtype,
+default_device, grad_mode (grad and inference mode), deterministic (torch's
+deterministic-algorithms mode, cuDNN's deterministic and benchmark flags), process_groups
+(groups other than the class's left alive), threads (non-daemon threads still running).
+`generator` (the default CPU generator's state) runs only for a class that opts in with
+`check_generator_leaks = True`: most tests draw random numbers.
 
 Pure: nothing here changes process state; taking a snapshot costs tens of microseconds.
 """
@@ -113,7 +114,18 @@ def snapshot(checks: Collection[str], own_group: Any = None) -> Snapshot:
     return taken
 
 
+# Variables torch sets itself on the first use of a feature (compile caches, toolchain paths),
+# once per process: not state a test chose to leave.
+TORCH_LAZY_ENV = frozenset({
+    "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_PTXAS_PATH", "TRITON_LIBDEVICE_PATH",
+    "KMP_DUPLICATE_LIB_OK", "CUBLAS_WORKSPACE_CONFIG", "DISABLE_CUPTI_LAZY_REINIT",
+    "TEARDOWN_CUPTI",
+})
+
+
 def _environ(before: Dict[str, str], after: Dict[str, str]) -> List[str]:
+    before = {k: v for k, v in before.items() if k not in TORCH_LAZY_ENV}
+    after = {k: v for k, v in after.items() if k not in TORCH_LAZY_ENV}
     added = sorted(set(after) - set(before))
     removed = sorted(set(before) - set(after))
     changed = sorted(k for k in set(before) & set(after) if before[k] != after[k])
