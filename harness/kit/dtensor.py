@@ -34,7 +34,7 @@ from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
 from harness.skips import TEST_SKIPS, accelerators_suffice, skip_if_lt_x_gpu
 from harness.testcase import TestCase
-from harness.threads.case import MAIN_THREAD_RANK, MultiThreadedTestCase
+from harness.threads.case import MultiThreadedTestCase
 
 DEFAULT_WORLD_SIZE = 4
 ACCELERATOR_BACKENDS = ("nccl", "xccl", "hccl")
@@ -129,6 +129,10 @@ class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
         return num_devices()
 
     @property
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()  # as upstream's: the rest of a subclass's setUp is the parent's
+
     def backend(self) -> str:
         """The default collective backend of this test's device type (gloo on CPU)."""
         return dist.get_default_backend_for_device(self.device_type)
@@ -289,13 +293,13 @@ class DTensorOpTestBase(MultiThreadedTestCase):
         return init_device_mesh(self.device_type, (self.world_size,))
 
     def setUp(self) -> None:
-        if self._thread_rank == MAIN_THREAD_RANK:
-            # Rank threads propagate shardings concurrently: give the propagator a real lock
-            # before they start, and the original back when the test ends.
-            guard = compat_local_tensor.thread_safe_sharding_propagation()
-            guard.__enter__()
-            self.addCleanup(guard.__exit__, None, None, None)
         super().setUp()
+        # Rank threads propagate shardings concurrently: give the propagator a real lock
+        # before they start, and the original back when the test ends.
+        guard = compat_local_tensor.thread_safe_sharding_propagation()
+        guard.__enter__()
+        self.addCleanup(guard.__exit__, None, None, None)
+        self._spawn_threads()  # as upstream's: the rest of a subclass's setUp is the parent's
 
 
 class DTensorConverter:

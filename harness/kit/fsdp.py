@@ -318,6 +318,10 @@ class FSDPTest(FSDPTestMixin, _RankDevice, MultiProcessTestCase):
         require_accelerator_per_rank(world_size, self.device_type)
         return world_size, timeout
 
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()  # as upstream's: the rest of a subclass's setUp is the parent's
+
     def _rank_set_up(self) -> None:
         """In a rank, before the test method: the default group (upstream's fake backend when
         the class sets `fake_pg`), the rank's device, a barrier; then the seeding."""
@@ -354,6 +358,10 @@ class FSDPTestMultiThread(_RankDevice, MultiThreadedTestCase):
     barrier (skipped when this rank failed) and the group's destruction. `device`,
     `device_type` and `process_group` are properties, as in FSDPTest.
     """
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()  # as upstream's: the rest of a subclass's setUp is the parent's
 
     def _init_rank_thread(self) -> None:
         super()._init_rank_thread()

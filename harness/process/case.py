@@ -232,6 +232,7 @@ class DistributedTestBase(MultiProcessTestCase):
         os.environ["WORLD_SIZE"] = str(self.world_size)
         self.addCleanup(_restore_env, "WORLD_SIZE", previous)
         super().setUp()
+        self._spawn_processes()  # as upstream's: the rest of a subclass's setUp is the parent's
 
     def _rank_tear_down(self) -> None:
         if dist.is_initialized():
