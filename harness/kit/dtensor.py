@@ -128,11 +128,11 @@ class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
     def world_size(self) -> int:
         return num_devices()
 
-    @property
     def setUp(self) -> None:
         super().setUp()
         self._spawn_processes()  # as upstream's: the rest of a subclass's setUp is the parent's
 
+    @property
     def backend(self) -> str:
         """The default collective backend of this test's device type (gloo on CPU)."""
         return dist.get_default_backend_for_device(self.device_type)
