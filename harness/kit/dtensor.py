@@ -664,12 +664,13 @@ class LocalDTensorContinuousTestBase(_LocalRanksMixin, DTensorContinuousTestBase
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
-        compat_local_tensor.init_fake_process_group(cls.world_size)
+        cls.pg = compat_local_tensor.init_fake_process_group(cls.world_size)
 
     @classmethod
     def tearDownClass(cls) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        cls.pg = None
         super().tearDownClass()
 
     def setUp(self) -> None:
