@@ -19,7 +19,7 @@ from harness.device_type import (
     skipCPUIf,
     skipCUDAIf,
 )
-from harness.devices import TEST_CUDA, TEST_MULTIGPU, HarnessConfigError
+from harness.devices import TEST_CUDA, TEST_MULTIGPU, TIMEOUT_OVERRIDE, HarnessConfigError
 from harness.dist_utils import captured_output, with_dist_debug_levels
 from harness.kit.dtensor import (
     DEVICE_TYPE,
@@ -193,6 +193,7 @@ __all__ = [
     "TEST_HPU",
     "TEST_MULTIGPU",
     "TEST_SKIPS",
+    "TIMEOUT_OVERRIDE",
     "TEST_WITH_DEV_DBG_ASAN",
     "TEST_WITH_ROCM",
     "TEST_XPU",
