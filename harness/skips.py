@@ -86,7 +86,8 @@ def accelerators_suffice(count: int, backends: Sequence[str] = (), allow_cpu: bo
     Met when at least `count` accelerators exist and (if `backends` are named) one of those
     accelerator communication backends is compiled in, or when no accelerator exists and
     the test may run on CPU: its own `allow_cpu`, or HARNESS_ALLOW_CPU=1 for every
-    requirement (the test then runs on CPU with gloo and its usual number of ranks).
+    requirement (the test then runs on CPU with gloo, with at least `count` ranks:
+    harness/world_size.py).
     """
     found = devices.accelerator_count()
     if found == 0 and (allow_cpu or devices.allow_cpu()):

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import textwrap
 import unittest
 from datetime import timedelta
 from unittest import mock
@@ -12,6 +13,7 @@ import torch
 
 from harness import devices
 from harness.devices import HarnessConfigError
+from tests.fixtures import upstream_diff
 
 
 def env(**values):
@@ -262,3 +264,86 @@ class DevicesTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+TIMEOUT_PROBE = textwrap.dedent('''
+    import time
+    from datetime import timedelta
+
+    TIMEOUT_OVERRIDE["test_cut_short"] = 2
+
+
+    class Processes(MultiProcessTestCase):
+        world_size = 1
+
+        def setUp(self):
+            super().setUp()
+            self._spawn_processes()
+
+        def test_cut_short(self):
+            time.sleep(60)
+
+
+    class Continuous(MultiProcContinuousTest):
+        world_size = 1
+        timeout = timedelta(seconds=3)  # the group's timeout, not the test's
+
+        def test_outlives_the_group_timeout(self):
+            time.sleep(5)
+
+
+    if __name__ == "__main__":
+        run_tests()
+''')
+
+ENV_TIMEOUT_PROBE = textwrap.dedent('''
+    import time
+
+
+    class Threads(MultiThreadedTestCase):
+        world_size = 2
+
+        def setUp(self):
+            super().setUp()
+            self._spawn_threads()
+
+        def test_quick(self):
+            pass
+
+        def test_too_long(self):
+            time.sleep(8)
+
+
+    if __name__ == "__main__":
+        run_tests()
+''')
+
+
+@pytest.mark.slow
+class UpstreamTimeoutsTest(unittest.TestCase):
+    """Upstream's timeout knobs, the same probes under torch's installed harness and this one.
+    A timed-out test is an error upstream and a failure here (DESIGN.md: `timed out` is a
+    failure), so what is compared is whether each test passed."""
+
+    def compare(self, probe: str, names: dict, env: dict) -> dict:
+        theirs = upstream_diff.outcomes(probe, names, upstream=True, env=env)
+        ours = upstream_diff.outcomes(probe, names, upstream=False, env=env)
+        self.assertEqual(set(theirs), set(ours))
+        self.assertEqual({test_id: outcome == "passed" for test_id, outcome in theirs.items()},
+                         {test_id: outcome == "passed" for test_id, outcome in ours.items()})
+        return ours
+
+    def test_timeout_override_and_a_continuous_classs_group_timeout(self) -> None:
+        names = {
+            "common_distributed": ["MultiProcContinuousTest", "MultiProcessTestCase",
+                                   "TIMEOUT_OVERRIDE"],
+            "common_utils": ["run_tests"],
+        }
+        ours = self.compare(TIMEOUT_PROBE, names, {})
+        self.assertEqual(ours["Processes.test_cut_short"], "failed")
+        self.assertEqual(ours["Continuous.test_outlives_the_group_timeout"], "passed")
+
+    def test_distributed_tests_default_timeout(self) -> None:
+        names = {"common_distributed": ["MultiThreadedTestCase"], "common_utils": ["run_tests"]}
+        ours = self.compare(ENV_TIMEOUT_PROBE, names, {"DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": "3"})
+        self.assertEqual(ours, {"Threads.test_quick": "passed", "Threads.test_too_long": "failed"})
