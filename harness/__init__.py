@@ -24,7 +24,7 @@ from harness.device_type import (
     skipMetaIf,
     skipXPUIf,
 )
-from harness.devices import TEST_CUDA, TEST_MULTIGPU, TIMEOUT_OVERRIDE, HarnessConfigError
+from harness.devices import TEST_CUDA, TEST_MULTIGPU, HarnessConfigError
 from harness.dist_utils import captured_output, with_dist_debug_levels
 from harness.flags import (
     E4M3_MAX_POS,
@@ -387,7 +387,6 @@ __all__ = [
     "TEST_MULTIACCELERATOR",
     "TEST_MULTIGPU",
     "TEST_SKIPS",
-    "TIMEOUT_OVERRIDE",
     "TEST_WITH_DEV_DBG_ASAN",
     "TEST_WITH_ROCM",
     "TEST_WITH_TORCHDYNAMO",

@@ -249,8 +249,11 @@ class DevicesTest(unittest.TestCase):
         self.assertEqual(devices.test_timeout(case), 30.0)
         case.timeout = 20
         self.assertEqual(devices.test_timeout(case), 20.0)
+        import harness
+
+        self.assertIs(harness.TIMEOUT_OVERRIDE, devices.TIMEOUT_OVERRIDE)  # the one users fill
         self.addCleanup(devices.TIMEOUT_OVERRIDE.pop, "test_x", None)
-        devices.TIMEOUT_OVERRIDE["test_x"] = 10
+        harness.TIMEOUT_OVERRIDE["test_x"] = 10
         self.assertEqual(devices.test_timeout(case), 10.0)
         os.environ["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = "later"
         with self.assertRaisesRegex(HarnessConfigError, "_DEFAULT_TIMEOUT='later'"):
