@@ -48,6 +48,7 @@ class Options:
     verbosity: int = 1
     stream: TextIO = field(default_factory=lambda: sys.stdout)
     progress_stream: TextIO = field(default_factory=lambda: sys.stderr)
+    order_note: Optional[str] = None  # the order tests ran in, when not the written one
 
 
 class Engine:
@@ -160,6 +161,8 @@ class Engine:
             os.makedirs(self.options.xml_dir, exist_ok=True)
             self.junit.generate_reports(xml_runner(self.options.xml_dir))
             print(f"JUnit XML written to {self.options.xml_dir}/", file=out)
+        if self.options.order_note is not None:
+            print(self.options.order_note, file=out)
         total = SuiteStats()
         for stats in self.stats.values():
             total.passed += stats.passed
