@@ -27,6 +27,7 @@ from harness.runner.loader import (
 )
 from harness.runner.order import ORDERS, OrderError, chosen_order, reorder
 from harness.runner.order import describe as describe_order
+from harness.runner.parallel import parse_jobs
 from harness.runner.progress import progress_interval
 from harness.testcase import SEED_ENV, current_seed
 
@@ -62,6 +63,13 @@ def _integer(what: str) -> Callable[[str], int]:
 
     parse.__name__ = what
     return parse
+
+
+def _jobs(text: str) -> int:
+    try:
+        return parse_jobs(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def run_all_parser() -> argparse.ArgumentParser:
@@ -108,6 +116,10 @@ def run_all_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--seed", type=_integer("--seed"), metavar="N",
         help="every test starts from seed N (sets HARNESS_SEED); also seeds --order shuffle",
+    )
+    parser.add_argument(
+        "-j", "--jobs", type=_jobs, default=1, metavar="N|auto",
+        help="run tests side by side within N cores (auto: the machine's)",
     )
     parser.add_argument("-x", "--failfast", action="store_true", help="stop at the first failure")
     loud = parser.add_mutually_exclusive_group()
@@ -195,7 +207,7 @@ def _run_all(argv: Optional[Sequence[str]]) -> int:
     verbosity = 0 if args.quiet else 2 if args.verbose else 1
     seed = current_seed()
     options = Options(xml_dir=args.save_xml, failfast=args.failfast, verbosity=verbosity,
-                      order_note=describe_order(args.order, seed))
+                      order_note=describe_order(args.order, seed), jobs=args.jobs)
     plan = [(module, reorder(tests, args.order, seed)) for module, tests in plan]
     with compat_cpu_defaults.adaptation_log():
         return Engine(repeat(plan, args.repeat), options).run()
