@@ -38,7 +38,7 @@ from harness import devices
 from harness.launch.case import RankedTestCase
 from harness.runner.loader import Plan
 from harness.runner.records import RunRecord
-from harness.runner.worker import PRELOAD_ENV, WORKER_FD_ENV
+from harness.runner.worker import PATH_ENV, PRELOAD_ENV, WORKER_FD_ENV
 
 TIMEOUT_GRACE_S = 60.0  # past the harness timeout, a test's worker is stopped (a rank-less hang)
 STOP_WAIT_S = 10.0  # how long a stopped worker may take to clean up before it is killed
@@ -211,7 +211,8 @@ class Controller:
                 for i in range(max(1, min(workers, count // per)))]
 
     def _start(self, slot: int) -> _Worker:
-        env = {**os.environ, PRELOAD_ENV: ",".join(self.modules)}
+        env = {**os.environ, PRELOAD_ENV: ",".join(self.modules),
+               PATH_ENV: os.pathsep.join(sys.path)}
         visible = self.slots[slot]
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible

@@ -29,6 +29,7 @@ from harness.runner.records import Collector, RunRecord
 
 WORKER_FD_ENV = "HARNESS_WORKER_FD"
 PRELOAD_ENV = "HARNESS_WORKER_PRELOAD"  # the run's suite modules, comma-separated
+PATH_ENV = "HARNESS_WORKER_PATH"  # the controller's sys.path: where it found the test files
 
 
 class _Reporter:
@@ -81,6 +82,8 @@ def main() -> int:
     signal N; nothing it started outlives it."""
     reporter = _Reporter(os.fdopen(int(os.environ.pop(WORKER_FD_ENV)), "w"))
     modules = [m for m in os.environ.pop(PRELOAD_ENV, "").split(",") if m]
+    paths = os.environ.pop(PATH_ENV, "").split(os.pathsep)
+    sys.path[:0] = [path for path in paths if path and path not in sys.path]
     with lifecycle.run_scope():
         try:
             if devices.start_method() == "forkserver":
