@@ -39,6 +39,7 @@ from harness.launch.case import RankedTestCase
 from harness.runner.loader import Plan
 from harness.runner.records import RunRecord
 from harness.runner.worker import PATH_ENV, PRELOAD_ENV, WORKER_FD_ENV
+from harness.world_size import world_size_of
 
 TIMEOUT_GRACE_S = 60.0  # past the harness timeout, a test's worker is stopped (a rank-less hang)
 STOP_WAIT_S = 10.0  # how long a stopped worker may take to clean up before it is killed
@@ -68,7 +69,7 @@ def test_cost(test: unittest.TestCase) -> int:
     if not isinstance(test, RankedTestCase):
         return 1
     try:
-        return max(1, int(test.world_size))
+        return max(1, int(world_size_of(test)))  # the ranks it will run with
     except Exception:  # noqa: BLE001 - a world size that cannot be read fails in the test itself
         return 1
 
