@@ -6,15 +6,18 @@ The files run are the fixtures in tests/fixtures/, which end with
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
 import tempfile
 import unittest
 import xml.etree.ElementTree as ET
+from contextlib import redirect_stderr
 from pathlib import Path
 from typing import Optional
 
+from harness.runner.main import run_tests
 from tests.fixtures import REPO, child_env
 
 FIXTURES = REPO / "tests" / "fixtures"
@@ -85,9 +88,12 @@ class TestRunTestsFlags(unittest.TestCase):
         self.assertIn("seed=77", proc.stdout)
 
     def test_bad_flag_value_is_one_line_and_exit_2(self) -> None:
-        proc = run_file("runner_pass.py", "--repeat", "zero")
-        self.assertEqual(proc.returncode, 2)
-        self.assertEqual(proc.stderr.strip(),
+        # in this process: the flags are parsed before the file's tests are looked at
+        err = io.StringIO()
+        with redirect_stderr(err), self.assertRaises(SystemExit) as stop:
+            run_tests([str(FIXTURES / "runner_pass.py"), "--repeat", "zero"])
+        self.assertEqual(stop.exception.code, 2)
+        self.assertEqual(err.getvalue().strip(),
                          "runner_pass.py: error: argument --repeat: 'zero' is not an integer")
 
     def test_save_xml_default_dir_and_one_testcase_per_test(self) -> None:
