@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict, Optional
 from unittest import mock
 
+import pytest
 import torch
 
 from harness import devices
@@ -90,6 +91,7 @@ def run_script(
 
 
 @unittest.skipUnless(NO_ACCELERATOR, "the switch changes nothing where accelerators exist")
+@pytest.mark.slow
 class UpstreamStyleFilesBothWays(unittest.TestCase):
     """Each file: skipped (or not made) without the switch, passed on CPU with it."""
 
@@ -170,6 +172,7 @@ CHILD = textwrap.dedent('''
 
 
 @unittest.skipUnless(NO_ACCELERATOR, "the adaptations apply only where no accelerator exists")
+@pytest.mark.slow
 class Adaptations(unittest.TestCase):
     """In a child process (torch patched there only): what each adaptation does and doesn't."""
 

@@ -6,6 +6,7 @@ import sys
 import unittest
 from unittest import mock
 
+import pytest
 import torch
 
 from harness import devices
@@ -148,6 +149,7 @@ class DevicesTest(unittest.TestCase):
             "Case.world_size is 0: no ranks to start (0 accelerators found)",
         )
 
+    @pytest.mark.slow
     def test_upstream_cuda_flags_follow_the_machine_and_forced_cpu(self):
         code = "import harness; print(harness.TEST_CUDA, harness.TEST_MULTIGPU)"
         cuda = torch.cuda.is_available()
