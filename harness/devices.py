@@ -17,6 +17,7 @@ WORLD_SIZE_ENV = "HARNESS_WORLD_SIZE"
 TIMEOUT_ENV = "HARNESS_TIMEOUT"
 START_METHOD_ENV = "HARNESS_START_METHOD"
 ALLOW_CPU_ENV = "HARNESS_ALLOW_CPU"
+CORE_BUDGET_ENV = "HARNESS_CORE_BUDGET"  # set by -j: the cores one running test may use
 
 DEVICE_CHOICES = ("cpu", "cuda")
 START_METHODS = ("forkserver", "spawn")
@@ -162,7 +163,19 @@ def torchrun_env() -> Optional[Tuple[int, int]]:
         ) from None
 
 
+def machine_cores() -> int:
+    """The cores this process may run on."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores or 1
+
+
+def core_budget() -> int:
+    """The cores this process's tests may use: CORE_BUDGET_ENV (set by `-j` for each worker's
+    test, its share of the machine), else the machine's."""
+    value = os.environ.get(CORE_BUDGET_ENV, "")
+    return int(value) if value.isdigit() and int(value) > 0 else machine_cores()
+
+
 def intra_op_threads(world_size: int) -> int:
     """Threads one rank may use so that world_size ranks share the cores without oversubscribing."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // max(1, world_size))
+    return max(1, core_budget() // max(1, world_size))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 from unittest import mock
 
+import pytest
 import torch.distributed as dist
 
 from harness import MultiProcessTestCase, devices
@@ -49,6 +50,7 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 class TestTorchrunPassing(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
@@ -81,6 +83,7 @@ class TestTorchrunPassing(unittest.TestCase):
         )
 
 
+@pytest.mark.slow
 class TestTorchrunFailures(unittest.TestCase):
     def test_failure_on_one_rank_fails_the_test(self) -> None:
         proc = torchrun(RANKS, "-k", "TestRankFailure")
@@ -127,6 +130,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 class TestOtherLaunchers(unittest.TestCase):
     def test_without_torchruns_agent_store_rank_0_hosts_it(self) -> None:
         port = str(free_port())
@@ -214,6 +218,7 @@ def _rank_cases() -> Tuple[type, type]:
     return OneRank, TwoRanks
 
 
+@pytest.mark.slow
 class TestRealSuite(unittest.TestCase):
     def test_suite_tests_under_torchrun(self) -> None:
         """Two FSDPTest tests: each initialises and destroys the default group in-process."""
