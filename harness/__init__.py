@@ -108,12 +108,7 @@ from harness.kit.models import (
     SkipModule,
     TransformerWithSharedParams,
 )
-from harness.parametrize import (
-    instantiate_parametrized_tests,
-    parametrize,
-    run_subtests,
-    subtest,
-)
+from harness.parametrize import instantiate_parametrized_tests, parametrize, subtest
 from harness.process.case import MAIN_PROCESS_RANK, DistributedTestBase, MultiProcessTestCase
 from harness.process.continuous import FSDPTestContinuous, MultiProcContinuousTest
 from harness.runner.main import run_tests
@@ -135,6 +130,7 @@ from harness.skips import (
     skipIfHpu,
     skipIfRocm,
 )
+from harness.subtests import run_subtests
 from harness.testcase import TestCase
 from harness.threads.case import MultiThreadedTestCase
 

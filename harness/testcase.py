@@ -10,13 +10,11 @@ requirements declared on the test class (harness/skips.py).
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import random
 import re
 import subprocess
 import sys
-import types
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -28,9 +26,8 @@ import torch
 from torch import nn
 
 from harness.compat.comparison import unrelated_tensors_mismatch
-from harness.launch.context import RankContext
-from harness.parametrize import run_subtests
 from harness.skips import check_case_requirements
+from harness.subtests import run_subtests
 
 SEED_ENV = "HARNESS_SEED"
 DEFAULT_SEED = 1234
@@ -232,34 +229,11 @@ def _objects_equal(actual: Any, expected: Any) -> bool:
         return False
 
 
-def route_test_method(case: TestCase, join: Callable[[], Any]) -> None:
-    """Make the case's test method `join` the ranks in the supervising instance (no
-    `rank_context`) and run the body in a rank.
-
-    The replacement is bound with MethodType: unittest's loader treats a plain function found
-    on an instance as a static method and calls it without `self`.
-    """
-    name = case._testMethodName
-    method = getattr(case, name, None)
-    if method is None:
-        return
-
-    @functools.wraps(method)
-    def join_or_run(_case: TestCase, *args: Any, **kwargs: Any) -> Any:
-        return join() if _case.rank_context is None else method(*args, **kwargs)
-
-    setattr(case, name, types.MethodType(join_or_run, case))
-
-
 Message = Union[str, Callable[[str], str], None]
 
 
 class TestCase(expecttest.TestCase):
     """unittest/expecttest TestCase with tensor-aware equality, seeding and subtest grids."""
-
-    # In a rank of a multi-rank test, what its launcher told it (harness/launch/case.py);
-    # None in a single-process test and in the supervisor.
-    rank_context: Optional[RankContext] = None
 
     def setUp(self) -> None:
         super().setUp()
@@ -357,6 +331,6 @@ class TestCase(expecttest.TestCase):
     def run_subtests(
         self, grid: Dict[str, Sequence[Any]], fn: Callable, *args: Any, **kwargs: Any
     ) -> None:
-        """Run `fn` for every point of `grid`, each point a subTest (parametrize.run_subtests)."""
+        """Run `fn` for every point of `grid`, each point a subTest (harness/subtests.py)."""
         run_subtests(self, grid, fn, *args, **kwargs)
 

@@ -23,7 +23,8 @@ from torch.distributed.tensor import DTensor
 from harness import TestCase
 from harness.launch.context import RankContext
 from harness.launch.report import RankRecord, RecordSink, ReportingResult
-from harness.testcase import SEED_ENV, current_seed, route_test_method
+from harness.launch.routing import route_test_method
+from harness.testcase import SEED_ENV, current_seed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
