@@ -133,6 +133,7 @@ from harness.skips import (
 from harness.subtests import run_subtests
 from harness.testcase import TestCase
 from harness.threads.case import MultiThreadedTestCase
+from harness.threads.spawn import spawn_threads_and_init_comms
 
 __all__ = [
     "AlwaysWrapNestedWrappedModule",
@@ -257,6 +258,7 @@ __all__ = [
     "skip_if_no_gpu",
     "skip_if_rocm_multiprocess",
     "skip_unless_torch_gpu",
+    "spawn_threads_and_init_comms",
     "subtest",
     "subtest_name",
     "validate_sharding_rule_sample",
