@@ -543,6 +543,103 @@ class TestCaseFileMatchesUpstreamTest(unittest.TestCase):
         self.assertEqual(theirs["TestExpected.test_no_record"], "error")
 
 
+def _run_case(cls: type, name: str) -> unittest.TestResult:
+    result = unittest.TestResult()
+    cls(name).run(result)
+    return result
+
+
+class UpstreamTestStateTest(unittest.TestCase):
+    """What upstream's TestCase restores or checks around every test."""
+
+    def test_grad_mode_is_restored(self) -> None:
+        class Case(TestCase):
+            def test_off(self):
+                torch.set_grad_enabled(False)
+
+        self.assertTrue(_run_case(Case, "test_off").wasSuccessful())
+        self.assertTrue(torch.is_grad_enabled())
+
+    def test_a_leaked_default_device_fails_the_test_and_is_undone(self) -> None:
+        class Case(TestCase):
+            def test_leak(self):
+                torch.set_default_device("meta")
+
+        result = _run_case(Case, "test_leak")
+        self.assertEqual(len(result.failures), 1)
+        self.assertIn("torch function mode stack was leaked: length changed from 0 to 1",
+                      result.failures[0][1])
+        self.assertEqual(torch.ones(1).device.type, "cpu")
+
+    def test_sparse_invariants_are_checked_during_the_test_only(self) -> None:
+        class Case(TestCase):
+            def test_invalid(self):
+                with self.assertRaises(RuntimeError):
+                    torch.sparse_coo_tensor(torch.tensor([[5]]), torch.ones(1), (2,))
+
+        before = torch.sparse.check_sparse_tensor_invariants.is_enabled()
+        self.assertTrue(_run_case(Case, "test_invalid").wasSuccessful())
+        self.assertEqual(torch.sparse.check_sparse_tensor_invariants.is_enabled(), before)
+
+    def test_precision_and_rel_tol_are_lower_bounds(self) -> None:
+        class Loose(TestCase):
+            _precision = 0.1
+
+            def test_close(self):
+                self.assertEqual(torch.tensor([1.0]), torch.tensor([1.05]))
+                self.assertEqual(1.0, 1.05)
+                self.rel_tol = 0.5
+                self.assertEqual(torch.tensor([100.0]), torch.tensor([140.0]))
+                self.assertEqual(torch.tensor([1.0]), torch.tensor([1.05]), atol=0, rtol=0)
+
+            def test_far(self):
+                self.assertEqual(torch.tensor([1.0]), torch.tensor([1.5]))
+
+        self.assertTrue(_run_case(Loose, "test_close").wasSuccessful())
+        self.assertEqual(len(_run_case(Loose, "test_far").failures), 1)
+
+    def test_current_test_name_as_method_and_as_property(self) -> None:
+        class Case(TestCase):
+            def test_named(self):
+                self.assertEqual(self._current_test_name(), "test_named")
+                self.assertEqual(self._current_test_name, "test_named")
+
+        self.assertTrue(_run_case(Case, "test_named").wasSuccessful())
+
+    def test_assert_expected_raises_reads_and_accepts_the_record(self) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "expect", "Case.test_x.expect")
+
+            class Case(TestCase):
+                def test_x(self):
+                    self.assertExpectedRaises(ValueError, int, "x")
+
+            with mock.patch("harness.testcase._expect_file", return_value=(path, "Case.test_x")):
+                missing = _run_case(Case, "test_x")
+                with mock.patch("expecttest.ACCEPT", True):
+                    self.assertTrue(_run_case(Case, "test_x").wasSuccessful())
+                recorded = _run_case(Case, "test_x")
+            self.assertIn("No expect file exists", missing.errors[0][1])
+            self.assertTrue(recorded.wasSuccessful())
+            with open(path) as f:
+                self.assertEqual(f.read(), "invalid literal for int() with base 10: 'x'")
+
+    def test_gen_sparse_tensor(self) -> None:
+        case = TestCase()
+        tensor, indices, values = case.genSparseTensor([3, 4, 2], 2, 6, False, "cpu", torch.float32)
+        self.assertTrue(tensor.is_coalesced())
+        self.assertEqual(tensor.shape, (3, 4, 2))
+        self.assertTrue(torch.equal(indices, tensor.indices()))
+        self.assertTrue(torch.equal(values, tensor.values()))
+        loose, indices, values = case.genSparseTensor([3, 4], 2, 6, True, "cpu", torch.float64)
+        self.assertFalse(loose.is_coalesced())
+        self.assertEqual(indices.shape, (2, 6))
+        rebuilt = torch.sparse_coo_tensor(indices, values, (3, 4))
+        self.assertTrue(torch.equal(loose.to_dense(), rebuilt.to_dense()))
+        with self.assertRaisesRegex(AssertionError, "invalid arguments"):
+            case.genSparseTensor([0, 4], 2, 3, False, "cpu", torch.float32)
+
+
 class UpstreamTestCaseHelpersTest(TestCase):
     def test_assert_not_warn(self):
         self.assertNotWarn(lambda: None)
