@@ -55,14 +55,14 @@ def run_subtests(
         point = dict(zip(names, combo))
         passed = False
         with case.subTest(**point):
-            compat_dynamo.reset()
+            compat_dynamo.reset_if_loaded()
             try:
                 fn(*args, **kwargs, **point)
             except unittest.SkipTest:
                 passed = True
                 raise
             passed = True
-            compat_dynamo.reset()
+            compat_dynamo.reset_if_loaded()
         if context is not None and not context.grid_point_done(point, passed):
             shown = ", ".join(f"{k}={v!r}" for k, v in point.items())
             case.fail(
