@@ -177,9 +177,6 @@ from harness.kit.models import (
     SkipModule,
     TransformerWithSharedParams,
 )
-<<<<<<< HEAD
-from harness.parametrize import instantiate_parametrized_tests, parametrize, subtest
-=======
 from harness.kit.sharded_tensor import (
     DEFAULT_GPU_NUM,
     PLACEMENTS,
@@ -211,12 +208,7 @@ from harness.network import (
     retry_on_connect_failures,
     tp_transports,
 )
-from harness.parametrize import (
-    instantiate_parametrized_tests,
-    parametrize,
-    run_subtests,
-    subtest,
-)
+from harness.parametrize import instantiate_parametrized_tests, parametrize, subtest
 from harness.platform_skips import (
     TEST_WITH_TORCHDYNAMO,
     get_required_world_size,
@@ -249,7 +241,6 @@ from harness.platform_skips import (
     xfailIfSM100OrLater,
     xfailIfTorchDynamo,
 )
->>>>>>> main
 from harness.process.case import MAIN_PROCESS_RANK, DistributedTestBase, MultiProcessTestCase
 from harness.process.continuous import FSDPTestContinuous, MultiProcContinuousTest
 from harness.runner.main import run_tests
@@ -271,9 +262,7 @@ from harness.skips import (
     skipIfHpu,
     skipIfRocm,
 )
-<<<<<<< HEAD
 from harness.subtests import run_subtests
-=======
 from harness.test_helpers import (
     NoTest,
     check_leaked_tensors,
@@ -281,7 +270,6 @@ from harness.test_helpers import (
     load_tests,
     wrapSwapTensorsTest,
 )
->>>>>>> main
 from harness.testcase import TestCase
 from harness.threads.case import MultiThreadedTestCase
 from harness.threads.spawn import spawn_threads_and_init_comms
@@ -519,11 +507,8 @@ __all__ = [
     "skip_if_rocm_ver_lessthan_multiprocess",
     "skip_if_win32",
     "skip_unless_torch_gpu",
-<<<<<<< HEAD
-    "spawn_threads_and_init_comms",
-=======
     "sm_is_or_higher_than",
->>>>>>> main
+    "spawn_threads_and_init_comms",
     "subtest",
     "subtest_name",
     "tf32_off",
