@@ -22,7 +22,7 @@ UPSTREAM, HARNESS = "upstream", "harness"
 
 def _outcomes(xml_dir: Path) -> Dict[str, str]:
     found: Dict[str, str] = {}
-    for path in sorted(xml_dir.rglob("*.xml")):
+    for path in sorted(xml_dir.rglob("*.xml")):  # upstream nests its reports in folders
         for case in ET.parse(path).getroot().iter("testcase"):
             test_id = f"{case.get('classname', '').split('.')[-1]}.{case.get('name')}"
             kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
@@ -50,7 +50,7 @@ def run_probe(
             [sys.executable, "probe.py", *args, f"--save-xml={work / 'xml'}"], cwd=work,
             env=child_env(env), capture_output=True, text=True, timeout=timeout,
         )
-        return _outcomes(work / "xml"), proc
+        return _outcomes(work), proc
 
 
 def compare(source: str, **options: object) -> Tuple[Dict[str, str], Dict[str, str], str]:
