@@ -7,11 +7,13 @@ import time
 import unittest
 from typing import List
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from harness import TestCase, spawn_threads_and_init_comms
 from harness.threads import backend as threaded_pg
+from tests.upstream_probe import compare
 
 SEEN: List[int] = []
 SEEN_LOCK = threading.Lock()
@@ -109,6 +111,58 @@ class SpawnThreadsTest(unittest.TestCase):
         result = unittest.TestResult()
         Bad("test_x").run(result)
         self.assertIn("world_size must be >= 1, got 0", result.errors[0][1])
+
+
+SPAWN_PROBE = """
+import torch
+import torch.distributed as dist
+from torch.testing._internal.common_distributed import spawn_threads_and_init_comms
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+class TestSpawn(TestCase):
+    @spawn_threads_and_init_comms(world_size=2)
+    def test_sum(self):
+        value = torch.ones(1)
+        dist.all_reduce(value)
+        self.assertEqual(value.item(), 2.0)
+
+    @spawn_threads_and_init_comms
+    def test_default_world_size(self):
+        self.assertEqual(dist.get_world_size(), 4)
+
+    @spawn_threads_and_init_comms(world_size=2)
+    def test_wrong_sum(self):
+        value = torch.ones(1)
+        dist.all_reduce(value)
+        self.assertEqual(value.item(), 3.0)
+
+    @spawn_threads_and_init_comms(world_size=2)
+    def test_raises(self):
+        raise ValueError("broken")
+
+    @spawn_threads_and_init_comms(world_size=2)
+    def test_skips(self):
+        self.skipTest("not here")
+
+
+if __name__ == "__main__":
+    run_tests()
+"""
+
+
+@pytest.mark.slow
+class SpawnMatchesUpstreamTest(unittest.TestCase):
+    """Differential: the same file with upstream's decorator under both harnesses."""
+
+    def test_same_outcome_per_test_id(self) -> None:
+        theirs, ours, shown = compare(SPAWN_PROBE)
+        self.assertEqual(len(theirs), 5, shown)
+        # Deliberate: a thread's AssertionError is a failure here, an error upstream (which
+        # turns every thread's exception into a RuntimeError).
+        self.assertEqual(theirs.pop("TestSpawn.test_wrong_sum"), "error")
+        self.assertEqual(ours.pop("TestSpawn.test_wrong_sum"), "failure")
+        self.assertEqual(ours, theirs, shown)
 
 
 if __name__ == "__main__":

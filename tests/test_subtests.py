@@ -7,12 +7,14 @@ and a failing point does not end the grid.
 import unittest
 from unittest import mock
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from harness import TestCase, run_subtests
 from harness.launch.context import RankContext
 from harness.launch.report import RankRecord, RecordSink, ReportingResult
+from tests.upstream_probe import compare
 
 
 class RunSubtestsTest(unittest.TestCase):
@@ -167,6 +169,68 @@ class UpstreamGridSemanticsTest(unittest.TestCase):
             Case("test_grid").run(result)
         self.assertTrue(result.wasSuccessful())
         barrier.assert_not_called()
+
+
+GRID_PROBE = """
+import torch
+import torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcessTestCase, run_subtests
+from torch.testing._internal.common_utils import run_tests
+
+
+class TestGrid(MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def _init(self):
+        dist.init_process_group("gloo", rank=self.rank, world_size=self.world_size,
+                                init_method=f"file://{self.file_name}")
+
+    def test_each_point_compiles_once(self):
+        self._init()
+        compiles = []
+
+        def backend(graph_module, example_inputs):
+            compiles.append(1)
+            return graph_module.forward
+
+        compiled = torch.compile(lambda x: x * 2, backend=backend)
+
+        def point(n):
+            before = len(compiles)
+            compiled(torch.ones(2) * n)
+            self.assertEqual(len(compiles), before + 1)
+
+        run_subtests(self, {"n": [1, 2, 3]}, point)
+        dist.destroy_process_group()
+
+    def test_a_failing_point(self):
+        self._init()
+        run_subtests(self, {"n": [1, 2]}, lambda n: self.assertEqual(n, 1))
+
+
+if __name__ == "__main__":
+    run_tests()
+"""
+
+
+@pytest.mark.slow
+class GridMatchesUpstreamTest(unittest.TestCase):
+    """Differential: a compile-counter grid in rank processes under both harnesses."""
+
+    def test_same_outcome_per_test_id(self) -> None:
+        theirs, ours, shown = compare(GRID_PROBE)
+        self.assertEqual(theirs["TestGrid.test_each_point_compiles_once"], "passed", shown)
+        # A rank's failure is an error upstream, a failure here (AssertionError): both fail.
+        failed = {"failure", "error"}
+        self.assertIn(theirs.pop("TestGrid.test_a_failing_point"), failed, shown)
+        self.assertIn(ours.pop("TestGrid.test_a_failing_point"), failed, shown)
+        self.assertEqual(ours, theirs, shown)
 
 
 if __name__ == "__main__":
