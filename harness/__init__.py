@@ -4,6 +4,8 @@ Every public name is importable from here (`from harness import FSDPTest`); the 
 module map says where each one lives.
 """
 
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it (tool.setuptools.dynamic)
+
 from harness.device_type import (
     DeviceTypeTestBase,
     deviceCountAtLeast,

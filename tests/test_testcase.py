@@ -650,6 +650,7 @@ class UpstreamTestCaseHelpersTest(TestCase):
             self.assertNotWarn(lambda: warnings.warn("again", DeprecationWarning, stacklevel=1))
         self.assertEqual(torch.is_warn_always_enabled(), warn_always)
 
+    @pytest.mark.slow
     def test_attempt_load_from_subprocess(self):
         with tempfile.TemporaryDirectory() as folder:
             plain = pathlib.Path(folder, "plain.pt")
