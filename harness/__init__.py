@@ -112,7 +112,10 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "find_free_port", "retry_on_connect_failures", "tp_transports",
     ),
     "harness.parametrize": (
-        "instantiate_parametrized_tests", "parametrize", "run_subtests", "subtest",
+        "instantiate_parametrized_tests", "parametrize", "subtest",
+    ),
+    "harness.subtests": (
+        "run_subtests",
     ),
     "harness.platform_skips": (
         "TEST_WITH_TORCHDYNAMO", "get_required_world_size", "import_transformers_or_skip",
@@ -151,6 +154,9 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
     ),
     "harness.threads.case": (
         "MultiThreadedTestCase",
+    ),
+    "harness.threads.spawn": (
+        "spawn_threads_and_init_comms",
     ),
 }
 
