@@ -17,6 +17,7 @@ WORLD_SIZE_ENV = "HARNESS_WORLD_SIZE"
 TIMEOUT_ENV = "HARNESS_TIMEOUT"
 START_METHOD_ENV = "HARNESS_START_METHOD"
 ALLOW_CPU_ENV = "HARNESS_ALLOW_CPU"
+SHOW_OUTPUT_ENV = "HARNESS_SHOW_OUTPUT"
 
 DEVICE_CHOICES = ("cpu", "cuda")
 START_METHODS = ("forkserver", "spawn")
@@ -142,6 +143,11 @@ def checked_rank_settings(case: Any) -> Tuple[int, float]:
             f"{name}.timeout must be a positive number of seconds, got {timeout!r}"
         )
     return world_size, timeout
+
+
+def show_output() -> bool:
+    """HARNESS_SHOW_OUTPUT: ranks' output (their warnings too) shown live, not only on failure."""
+    return os.environ.get(SHOW_OUTPUT_ENV, "").lower() in ("1", "true", "yes")
 
 
 def start_method() -> str:
