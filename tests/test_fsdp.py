@@ -27,6 +27,7 @@ from harness.process.case import MAIN_PROCESS_RANK
 from harness.skips import skip_if_lt_x_gpu
 
 
+@skip_if_lt_x_gpu(2, allow_cpu=True)  # FSDPTest skips on CPU unless allowed
 class TestFSDPTestBase(FSDPTest):
     @property
     def world_size(self) -> int:
@@ -68,6 +69,7 @@ class TestFSDPTestParametrized(FSDPTest):
         self.assertEqual(value.item(), 2 * scale)
 
 
+@skip_if_lt_x_gpu(2, allow_cpu=True)  # FSDPTest skips on CPU unless allowed
 class TestFSDPTestOverrides(FSDPTest):
     """Upstream suites override these properties; the base must not fight that."""
 
@@ -242,6 +244,7 @@ class TestUpstreamStyleParity(unittest.TestCase):
                 self.assertIn("_test_fsdp_parity", message)
 
 
+@skip_if_lt_x_gpu(2, allow_cpu=True)  # FSDPTest skips on CPU unless allowed
 class TestFSDPTestMixinHelpers(FSDPTest):
     @property
     def world_size(self) -> int:
@@ -291,6 +294,31 @@ class TestFSDPTestInParent(unittest.TestCase):
         self.assertEqual([(result.skipped[0][0].id(), "Need at least 2 CUDA devices (1 found)")],
                          [(t.id(), reason) for t, reason in result.skipped])
         start.assert_not_called()
+
+    def test_on_cpu_without_a_decorator_it_skips_unless_the_cpu_is_allowed(self) -> None:
+        """Upstream's FSDPTest ranks skip where there are fewer accelerators than ranks, CPU
+        machines included (world size 1 there); HARNESS_ALLOW_CPU=1 runs them on CPU."""
+        knobs = {"HARNESS_ALLOW_CPU": "", "HARNESS_WORLD_SIZE": "", "HARNESS_DEVICE": ""}
+        with mock.patch.object(devices, "accelerator_count", return_value=0), \
+                mock.patch.dict(os.environ, knobs), \
+                mock.patch("harness.process.supervisor.RankGroup.start") as start:
+            result = unittest.TestResult()
+            OnAnyMachine("never_runs").run(result)
+            self.assertEqual([], result.errors + result.failures)
+            self.assertEqual(["Need at least 1 CUDA device (0 found)"],
+                             [reason for _, reason in result.skipped])
+            start.assert_not_called()
+            os.environ["HARNESS_ALLOW_CPU"] = "1"
+            case = OnAnyMachine("never_runs")
+            self.assertEqual((1, "gloo"), (case.world_size, devices.backend_for(case.device)))
+            case.checked_rank_settings()  # no skip: the CPU stands in
+
+
+class OnAnyMachine(FSDPTest):
+    """Run only by TestFSDPTestInParent: an FSDPTest without any skip decorator."""
+
+    def never_runs(self) -> None:
+        raise AssertionError("must not run")
 
 
 class TooFewAccelerators(FSDPTest):
