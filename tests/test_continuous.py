@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any, List
 from unittest import mock
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -33,6 +34,7 @@ from tests.test_fsdp import UPSTREAM_STYLE, run_script
 FSDP_2_RANKS = "passed" if devices.device_type() == "cpu" or accelerators_suffice(2) else "skipped"
 
 
+@pytest.mark.slow
 class TestContinuousGroup(MultiProcContinuousTest):
     world_size = 2
     seen: List[Any] = []  # in a rank: (pid, group) of each test it ran
@@ -60,6 +62,7 @@ class TestContinuousGroup(MultiProcContinuousTest):
             self.seen.append((os.getpid(), type(self).pg))
 
 
+@pytest.mark.slow
 class TestContinuousOverrides(MultiProcContinuousTest):
     """Upstream subclasses override backend_str/opts/_init_pg and give timedelta timeouts."""
 
@@ -85,6 +88,7 @@ class TestContinuousOverrides(MultiProcContinuousTest):
         self.assertEqual(2.0, value.item())
 
 
+@pytest.mark.slow
 class TestFSDPContinuousGroup(FSDPTestContinuous):
     world_size = 2
 
@@ -98,6 +102,7 @@ class TestFSDPContinuousGroup(FSDPTestContinuous):
         self.assertEqual(1.0, value.item())
 
 
+@pytest.mark.slow
 class TestFSDPContinuousDeviceType(FSDPTestContinuous):
     """Device-type instantiation over the shared-process base (upstream's lazy start)."""
 
@@ -187,6 +192,7 @@ class TestClassAPI(unittest.TestCase):
         self.assertIn("world_size is 0", result.skipped[0][1])
 
 
+@pytest.mark.slow
 class TestAsScripts(unittest.TestCase):
     def test_a_failing_test_fails_alone(self) -> None:
         results = run_script(os.path.join(UPSTREAM_STYLE, "fsdp_continuous_isolation.py"))

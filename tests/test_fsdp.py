@@ -14,6 +14,7 @@ import xml.etree.ElementTree as ElementTree
 from typing import Dict, List, Tuple
 from unittest import mock
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -27,6 +28,7 @@ from harness.process.case import MAIN_PROCESS_RANK
 from harness.skips import skip_if_lt_x_gpu
 
 
+@pytest.mark.slow
 @skip_if_lt_x_gpu(2, allow_cpu=True)  # FSDPTest skips on CPU unless allowed
 class TestFSDPTestBase(FSDPTest):
     @property
@@ -53,6 +55,7 @@ class TestFSDPTestBase(FSDPTest):
             self.assertFalse(dist.is_initialized(), "the group outlived the test")
 
 
+@pytest.mark.slow
 @instantiate_parametrized_tests
 class TestFSDPTestParametrized(FSDPTest):
     """The suites' pattern: device-generic skip decorator over generated tests."""
@@ -69,6 +72,7 @@ class TestFSDPTestParametrized(FSDPTest):
         self.assertEqual(value.item(), 2 * scale)
 
 
+@pytest.mark.slow
 @skip_if_lt_x_gpu(2, allow_cpu=True)  # FSDPTest skips on CPU unless allowed
 class TestFSDPTestOverrides(FSDPTest):
     """Upstream suites override these properties; the base must not fight that."""
@@ -195,6 +199,7 @@ PARITY_IDS = [
 ]
 
 
+@pytest.mark.slow
 class TestUpstreamStyleParity(unittest.TestCase):
     """tests/upstream_style/fsdp_parity.py and fsdp_parity_broken.py, run as scripts."""
 
@@ -244,6 +249,7 @@ class TestUpstreamStyleParity(unittest.TestCase):
                 self.assertIn("_test_fsdp_parity", message)
 
 
+@pytest.mark.slow
 @skip_if_lt_x_gpu(2, allow_cpu=True)  # FSDPTest skips on CPU unless allowed
 class TestFSDPTestMixinHelpers(FSDPTest):
     @property

@@ -143,6 +143,20 @@ class SideBySideTest(unittest.TestCase):
         self.assertRegex(done.stdout.splitlines()[-1], r"^[12] passed, 1 failed, 0 skipped$")
         self.assertNotIn("TestPlain.test_5", " ".join(log))
 
+    def test_run_tests_of_a_script(self) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            log = os.path.join(folder, "log")
+            done = subprocess.run(
+                [sys.executable, "tests/fixtures/side_by_side.py", "-j", "2", "-k", "TestPlain"],
+                cwd=REPO, capture_output=True, text=True, timeout=600,
+                env=child_env({fixture.LOG_ENV: log}),
+            )
+            pids = {line.split()[1] for line in Path(log).read_text().splitlines()}
+        self.assertEqual(done.returncode, 1, done.stdout + done.stderr)
+        self.assertIn("FAIL: __main__.TestPlain.test_3_fails", done.stdout)
+        self.assertEqual(done.stdout.splitlines()[-1], "4 passed, 1 failed, 0 skipped")
+        self.assertGreater(len(pids), 1, "the script's tests ran in more than one worker")
+
     def test_bad_jobs_is_a_usage_error(self) -> None:
         done, _ = _run("-j", "many", env={})
         self.assertEqual(done.returncode, 2)

@@ -6,6 +6,7 @@ import sys
 import unittest
 from unittest import mock
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -370,6 +371,7 @@ class SkipsTest(unittest.TestCase):
             self.assertEqual(skip_if_rocm_multiprocess(fn).__unittest_skip_why__,
                              TEST_SKIPS["skipIfRocm"].message)
 
+    @pytest.mark.slow
     def test_flags_are_read_from_the_upstream_variables(self):
         code = (
             "import harness; "

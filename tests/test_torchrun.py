@@ -53,6 +53,7 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 class TestTorchrunPassing(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
@@ -85,6 +86,7 @@ class TestTorchrunPassing(unittest.TestCase):
         )
 
 
+@pytest.mark.slow
 class TestTorchrunFailures(unittest.TestCase):
     def test_failure_on_one_rank_fails_the_test(self) -> None:
         proc = torchrun(RANKS, "-k", "TestRankFailure")
@@ -131,6 +133,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 class TestOtherLaunchers(unittest.TestCase):
     def test_without_torchruns_agent_store_rank_0_hosts_it(self) -> None:
         port = str(free_port())
@@ -271,6 +274,7 @@ class TestStrayLaunchVariables(unittest.TestCase):
         self.assertEqual(ours, theirs)
 
 
+@pytest.mark.slow
 class TestRealSuite(unittest.TestCase):
     def test_suite_tests_under_torchrun(self) -> None:
         """Two FSDPTest tests: each initialises and destroys the default group in-process."""

@@ -247,4 +247,5 @@ def run_tests_parser() -> argparse.ArgumentParser:
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--allow-cpu", action="store_true")
     parser.add_argument("--order")  # checked by order.chosen_order, which reads HARNESS_ORDER too
+    parser.add_argument("-j", "--jobs", type=_jobs, default=1)
     return parser

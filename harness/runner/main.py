@@ -1,7 +1,7 @@
 """`run_tests()`: the entry point of one test file (`if __name__ == "__main__": run_tests()`).
 
 unittest's own command line, plus the harness's flags (--save-xml, --seed, --repeat, --list,
---allow-cpu, --order).
+--allow-cpu, --order, -j).
 The pieces it shares with run_all.py live in their own modules: records.py (one record per
 test), junit.py (XML), progress.py, loader.py (choosing tests), engine.py (running a plan
 under torchrun, where rank 0 alone reports) and cli.py (run_all.py's command line).
@@ -39,6 +39,8 @@ Harness options (besides unittest's):
                     (sets HARNESS_ALLOW_CPU=1)
   --order ORDER     forward, reverse or shuffle (seeded by --seed): each class's tests and
                     the classes of the file in that order (HARNESS_ORDER)
+  -j N|auto         run tests side by side within N cores (auto: the machine's), with
+                    run_all.py's summary
 """
 
 
@@ -83,10 +85,12 @@ class _Program(unittest.TestProgram):
             sys.exit(0)
         if opts.repeat > 1:
             self.test = unittest.TestSuite(repeat([("", tests)], opts.repeat)[0][1])
-        if torchrun.launched() is not None:
+        if torchrun.launched() is not None or opts.jobs > 1:
+            # torchrun: the ranks run the plan in step; -j: side by side (with run_all.py's
+            # summary); both through the engine
             options = Options(xml_dir=opts.save_xml, failfast=bool(self.failfast),
                               verbosity=self.verbosity,
-                              order_note=describe_order(opts.order, seed))
+                              order_note=describe_order(opts.order, seed), jobs=opts.jobs)
             modules: Dict[str, List[unittest.TestCase]] = {}
             for test in flatten(self.test):
                 modules.setdefault(type(test).__module__, []).append(test)

@@ -40,6 +40,8 @@ from harness.runner.loader import Plan
 from harness.runner.records import RunRecord
 from harness.runner.worker import PATH_ENV, PRELOAD_ENV, WORKER_FD_ENV
 
+# Not `-m harness.runner.worker`: the package imports the module before runpy would run it.
+WORKER_COMMAND = "import sys; from harness.runner.worker import main; sys.exit(main())"
 TIMEOUT_GRACE_S = 60.0  # past the harness timeout, a test's worker is stopped (a rank-less hang)
 STOP_WAIT_S = 10.0  # how long a stopped worker may take to clean up before it is killed
 
@@ -121,7 +123,7 @@ class _Worker:
         read_fd, write_fd = os.pipe()
         env = {**env, WORKER_FD_ENV: str(write_fd)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "harness.runner.worker"], stdin=subprocess.PIPE,
+            [sys.executable, "-c", WORKER_COMMAND], stdin=subprocess.PIPE,
             pass_fds=(write_fd,), env=env, text=True,
         )
         os.close(write_fd)
@@ -145,9 +147,10 @@ class _Worker:
         self.unit, self.started, self.finished = unit, [], 0
         ids = [test.id() for test in unit.tests]
         assert self.process.stdin is not None
-        self.process.stdin.write(
-            json.dumps({"module": unit.module, "ids": ids, "cores": unit.cost}) + "\n"
-        )
+        message: Dict[str, Any] = {"module": unit.module, "ids": ids, "cores": unit.cost}
+        if unit.module == "__main__":  # run_tests() of a script: the worker imports it by path
+            message["path"] = os.path.abspath(sys.modules["__main__"].__file__ or "")
+        self.process.stdin.write(json.dumps(message) + "\n")
         self.process.stdin.flush()
 
     def stop(self) -> None:

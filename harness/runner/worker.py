@@ -1,7 +1,8 @@
 """A worker of a parallel run (`-j`): runs the units of tests its controller sends, one at a time.
 
-Started by harness/runner/parallel.py as `python -m harness.runner.worker`, it reads units from
-stdin, one JSON line each (`{"module", "ids", "cores"}`), and writes what happens to the pipe
+Started by harness/runner/parallel.py (a `python -c` calling `main`), it reads units from
+stdin, one JSON line each (`{"module", "ids", "cores"}`, plus `path` for a script the
+controller runs as `__main__`), and writes what happens to the pipe
 whose fd WORKER_FD_ENV names, one JSON line per message: `start` (a test began), `record`
 (a finished test's RunRecord, or a class/module fixture's), `done` (the unit is finished).
 It runs a unit the way the serial engine runs a module (unittest's suite, the same
@@ -17,14 +18,14 @@ import json
 import os
 import sys
 import unittest
-from typing import Any, Dict, List, TextIO
+from typing import Any, Dict, List, TextIO, Tuple
 
 import torch
 
 from harness import devices
 from harness.process import forkserver
 from harness.runner import lifecycle
-from harness.runner.loader import load_module
+from harness.runner.loader import load_module, resolve_modules
 from harness.runner.records import Collector, RunRecord
 
 WORKER_FD_ENV = "HARNESS_WORKER_FD"
@@ -33,19 +34,26 @@ PATH_ENV = "HARNESS_WORKER_PATH"  # the controller's sys.path: where it found th
 
 
 class _Reporter:
-    """Writes the worker's messages to the controller, one JSON line each."""
+    """Writes the worker's messages to the controller, one JSON line each; ids of a script's
+    tests (imported here under its module name) under the controller's `__main__` again."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
+        self.renamed: Tuple[str, str] = ("", "")  # (module here, module at the controller)
+
+    def _id(self, test_id: str) -> str:
+        here, there = self.renamed
+        return there + test_id[len(here):] if here and test_id.startswith(here + ".") else test_id
 
     def send(self, kind: str, **fields: Any) -> None:
         self.stream.write(json.dumps({"kind": kind, **fields}) + "\n")
         self.stream.flush()
 
     def started(self, test: unittest.TestCase) -> None:
-        self.send("start", id=test.id())
+        self.send("start", id=self._id(test.id()))
 
     def recorded(self, test: Any, record: RunRecord) -> None:
+        record.test_id = self._id(record.test_id)
         self.send("record", record=dataclasses.asdict(record),
                   is_test=isinstance(test, unittest.TestCase) and not hasattr(test, "stand_in"))
 
@@ -72,8 +80,13 @@ def serve(units: TextIO, reporter: _Reporter) -> None:
         cores = int(unit["cores"])
         os.environ[devices.CORE_BUDGET_ENV] = str(cores)  # read when its ranks start
         torch.set_num_threads(cores)  # what tests in this process use
-        collector.suite = unit["module"]
-        unittest.TestSuite(tests.take(unit["module"], unit["ids"])).run(collector)
+        module, ids = unit["module"], unit["ids"]
+        collector.suite = module
+        if unit.get("path"):  # a script run as __main__ by the controller: import it by path
+            here = resolve_modules([unit["path"]])[0]
+            reporter.renamed = (here, module)
+            module, ids = here, [here + i[len(unit["module"]):] for i in ids]
+        unittest.TestSuite(tests.take(module, ids)).run(collector)
         reporter.send("done")
 
 
@@ -93,6 +106,3 @@ def main() -> int:
             return lifecycle.exit_code(lifecycle.signal_of(stop))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
