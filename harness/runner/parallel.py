@@ -39,6 +39,7 @@ from harness.launch.case import RankedTestCase
 from harness.runner.loader import Plan
 from harness.runner.records import RunRecord
 from harness.runner.worker import PATH_ENV, PRELOAD_ENV, WORKER_FD_ENV
+from harness.world_size import world_size_of
 
 # Not `-m harness.runner.worker`: the package imports the module before runpy would run it.
 WORKER_COMMAND = "import sys; from harness.runner.worker import main; sys.exit(main())"
@@ -70,7 +71,7 @@ def test_cost(test: unittest.TestCase) -> int:
     if not isinstance(test, RankedTestCase):
         return 1
     try:
-        return max(1, int(test.world_size))
+        return max(1, int(world_size_of(test)))  # the ranks it will run with
     except Exception:  # noqa: BLE001 - a world size that cannot be read fails in the test itself
         return 1
 
