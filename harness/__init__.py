@@ -210,12 +210,7 @@ from harness.network import (
     retry_on_connect_failures,
     tp_transports,
 )
-from harness.parametrize import (
-    instantiate_parametrized_tests,
-    parametrize,
-    run_subtests,
-    subtest,
-)
+from harness.parametrize import instantiate_parametrized_tests, parametrize, subtest
 from harness.platform_skips import (
     TEST_WITH_TORCHDYNAMO,
     get_required_world_size,
@@ -269,6 +264,7 @@ from harness.skips import (
     skipIfHpu,
     skipIfRocm,
 )
+from harness.subtests import run_subtests
 from harness.test_helpers import (
     NoTest,
     check_leaked_tensors,
@@ -278,6 +274,7 @@ from harness.test_helpers import (
 )
 from harness.testcase import TestCase
 from harness.threads.case import MultiThreadedTestCase
+from harness.threads.spawn import spawn_threads_and_init_comms
 
 __all__ = [
     "ADDRESS_IN_USE",
@@ -513,6 +510,7 @@ __all__ = [
     "skip_if_win32",
     "skip_unless_torch_gpu",
     "sm_is_or_higher_than",
+    "spawn_threads_and_init_comms",
     "subtest",
     "subtest_name",
     "tf32_off",
