@@ -17,9 +17,10 @@ from harness import devices
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher
 from harness.launch.report import RankRecord
+from harness.launch.routing import route_test_method
 from harness.launch.verdict import apply_verdict, decide
 from harness.skips import check_case_requirements
-from harness.testcase import TestCase, route_test_method
+from harness.testcase import TestCase
 from harness.world_size import BaseWorldSize, fix_world_size, world_size_of, wrap_world_size
 
 # unittest hides frames of modules that define this, as it does for its own: a multi-rank
@@ -36,6 +37,8 @@ class RankedTestCase(TestCase):
     `rank_records` holds every rank's record once the test joined them.
     """
 
+    # In a rank, what its launcher told it (`attach_rank`); None in the supervisor.
+    rank_context: Optional[RankContext] = None
     timeout: float = devices.DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
     # How many ranks run the test (classes override it, as an int or a property): the base's
     # default; once a run decided the number (harness/world_size.py), that number.
