@@ -41,6 +41,7 @@ from torch.testing._internal.distributed.common_state_dict import (
     FusionEmbeddingWithHook,
     VerifyStateDictMixin,
 )
+from torch.testing._internal.two_tensor import TwoTensor
 
 
 def _trained():
@@ -140,6 +141,36 @@ class Helpers(TestCase):
     def test_composable_model(self):
         model = CompositeParamModel(torch.device("cpu"))
         self.assertEqual(model(torch.rand(2, 100)).shape, torch.Size([2, 100]))
+
+
+class TwoTensorCheck(TestCase):
+    def test_ops_run_on_both(self):
+        x = TwoTensor(torch.ones(2, 3), torch.zeros(2, 3))
+        y = (x * 2 + 1).t()
+        self.assertIsInstance(y, TwoTensor)
+        self.assertEqual((y.a.sum().item(), y.b.sum().item()), (18.0, 6.0))
+        self.assertEqual(y.shape, torch.Size([3, 2]))
+        self.assertIn("TwoTensor(", repr(x))
+
+    def test_views_alias_the_subclass(self):
+        x = TwoTensor(torch.ones(2, 3), torch.zeros(2, 3))
+        view = x.view(3, 2)
+        self.assertIs(view._base, x)
+        view.add_(1)
+        self.assertEqual(x.a.sum().item(), 12.0)
+
+    def test_gradients_and_compile(self):
+        weight = torch.nn.Parameter(TwoTensor(torch.ones(3, 3), torch.full((3, 3), 2.0)))
+        torch.nn.functional.linear(torch.ones(1, 3), weight).sum().backward()
+        self.assertIsInstance(weight.grad, TwoTensor)
+        out = torch.compile(lambda t: t.cos() * 2, backend="eager")(weight.detach())
+        self.assertEqual(out.b, torch.full((3, 3), 2.0).cos() * 2)
+
+    def test_mismatched_halves_are_refused(self):
+        with self.assertRaises(AssertionError):
+            TwoTensor(torch.ones(2), torch.ones(3))
+        with self.assertRaises(AssertionError):
+            TwoTensor(torch.ones(2), torch.ones(2, dtype=torch.float64))
 '''
 
 
@@ -155,6 +186,9 @@ class DifferentialTest(unittest.TestCase):
         self.maxDiff = None
         self.assertEqual({k: v[0] for k, v in ours.items()}, {k: v[0] for k, v in theirs.items()})
         self.assertEqual(theirs["StateDictCheck.test_changed_value_fails"][0], "fail")
+        passing = [k for k in theirs if k.startswith(("Helpers.", "TwoTensorCheck."))]
+        self.assertEqual(len(passing), 9)
+        self.assertEqual({ours[k][0] for k in passing}, {"pass"}, ours)
 
 
 @pytest.mark.slow  # imports upstream's testing modules
