@@ -22,6 +22,7 @@ WORLD_SIZE_ENV = "HARNESS_WORLD_SIZE"
 TIMEOUT_ENV = "HARNESS_TIMEOUT"
 START_METHOD_ENV = "HARNESS_START_METHOD"
 ALLOW_CPU_ENV = "HARNESS_ALLOW_CPU"
+SHOW_OUTPUT_ENV = "HARNESS_SHOW_OUTPUT"
 LAUNCHED_ENV = "HARNESS_LAUNCHED"
 UPSTREAM_TIMEOUT_ENV = "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"
 CORE_BUDGET_ENV = "HARNESS_CORE_BUDGET"  # set by -j: the cores one running test may use
@@ -217,6 +218,11 @@ def checked_rank_settings(case: Any, world_size: Any) -> Tuple[int, float]:
             f"got {override!r}"
         )
     return world_size, test_timeout(case)
+
+
+def show_output() -> bool:
+    """HARNESS_SHOW_OUTPUT: ranks' output (their warnings too) shown live, not only on failure."""
+    return os.environ.get(SHOW_OUTPUT_ENV, "").lower() in ("1", "true", "yes")
 
 
 def start_method() -> str:
