@@ -10,6 +10,8 @@ not depend on that list (exit codes, --check, bad input, every provided name mov
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
 import os
 import stat
 import subprocess
@@ -20,7 +22,9 @@ import unittest
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from harness.migrate import migrate_source
+import pytest
+
+from harness.migrate import Provided, main, migrate_source
 from tests.fixtures import REPO, child_env
 
 # What the child's harness provides in the exact before/after tests.
@@ -44,6 +48,7 @@ FSDP1_BEFORE = '''\
 
 import sys
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffload
@@ -388,6 +393,19 @@ def migrate(*args: str, names: Optional[List[str]] = None,
                           text=True, timeout=300)
 
 
+def migrate_here(*args: str) -> subprocess.CompletedProcess:
+    """The command's main called in this process, with the harness's real names: the same
+    code and output as `python -m harness.migrate`, without starting an interpreter."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as stop:
+            code = stop.code
+    return subprocess.CompletedProcess(["python", "-m", "harness.migrate", *args], code,
+                                       out.getvalue(), err.getvalue())
+
+
 class TempDirTest(unittest.TestCase):
     def setUp(self) -> None:
         tmp = tempfile.TemporaryDirectory(prefix="migrate-test-")
@@ -395,6 +413,7 @@ class TempDirTest(unittest.TestCase):
         self.root = Path(tmp.name)
 
 
+@pytest.mark.slow
 class TestUpstreamStyleFolder(unittest.TestCase):
     """A folder of upstream-style FSDP1, FSDP2 and DTensor files, migrated once for the class
     (the tests below only read it, or check that a second run leaves it as it is)."""
@@ -454,6 +473,7 @@ class TestUpstreamStyleFolder(unittest.TestCase):
 
 
 
+@pytest.mark.slow
 class TestNamesAddedLater(TempDirTest):
     def test_a_name_the_harness_provides_later_joins_the_harness_import(self) -> None:
         path = self.root / "test_fsdp_core.py"
@@ -468,13 +488,13 @@ class TestNamesAddedLater(TempDirTest):
 
 
 class TestCheckAndExitCodes(TempDirTest):
-    """`python -m harness.migrate` itself (the harness's real names)."""
+    """The command's main with the harness's real names (in this process: it starts none)."""
 
     def test_clean_file_exits_0(self) -> None:
         path = self.root / "test_clean.py"
         path.write_text("from harness import FSDPTest, run_tests\n")
         for args in ([], ["--check"]):
-            result = migrate(*args, str(path))
+            result = migrate_here(*args, str(path))
             self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
             self.assertEqual(result.stdout, "migrate: 0 files "
                              f"{'would change' if args else 'changed'}, 1 unchanged, "
@@ -485,14 +505,14 @@ class TestCheckAndExitCodes(TempDirTest):
         text = "from torch.testing._internal.common_utils import run_tests  # entry point\n"
         path.write_text(text)
         before = os.stat(path)
-        result = migrate("--check", str(path))
+        result = migrate_here("--check", str(path))
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stdout, f"{path}: would move 1 name to harness (run_tests)\n"
                          "migrate: 1 files would change, 0 unchanged, 0 private imports left\n")
         self.assertEqual(path.read_text(), text)
         self.assertEqual(os.stat(path).st_mtime_ns, before.st_mtime_ns)
         self.assertEqual(sorted(os.listdir(self.root)), ["test_x.py"])
-        result = migrate(str(path))
+        result = migrate_here(str(path))
         self.assertEqual(result.returncode, 0, result.stdout)
         self.assertEqual(path.read_text(), "from harness import run_tests  # entry point\n")
 
@@ -501,7 +521,7 @@ class TestCheckAndExitCodes(TempDirTest):
         text = "from torch.testing._internal.common_utils import *\n"
         path.write_text(text)
         for args in (["--check"], []):
-            result = migrate(*args, str(path))
+            result = migrate_here(*args, str(path))
             self.assertEqual(result.returncode, 1)
             self.assertEqual(result.stdout.splitlines()[0], f"{path}: left 1: "
                              "torch.testing._internal.common_utils.* (star import)")
@@ -514,7 +534,7 @@ class TestCheckAndExitCodes(TempDirTest):
         body = "".join(f"    {name},\n" for name in names)
         path = self.root / "test_all.py"
         path.write_text(f"from torch.testing._internal.common_utils import (\n{body})\n")
-        result = migrate(str(path))
+        result = migrate_here(str(path))
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         tree = ast.parse(path.read_text())
         self.assertEqual([(node.module, sorted(a.name for a in node.names)) for node in tree.body],
@@ -527,7 +547,7 @@ class TestCheckAndExitCodes(TempDirTest):
                 "print('\u00e9')\r\n")
         path.write_bytes(text.encode("latin-1"))
         path.chmod(0o750)
-        result = migrate(str(path))
+        result = migrate_here(str(path))
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         self.assertEqual(path.read_bytes(), text.replace(
             "torch.testing._internal.common_utils", "harness").encode("latin-1"))
@@ -541,7 +561,7 @@ class TestCheckAndExitCodes(TempDirTest):
         link = self.root / "tests" / "test_link.py"
         link.parent.mkdir()
         link.symlink_to(target)
-        result = migrate(str(link), str(target))
+        result = migrate_here(str(link), str(target))
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         self.assertEqual(result.stdout.splitlines(), [
             f"{link}: moved 1 name to harness (run_tests)",
@@ -556,7 +576,7 @@ class TestBadInput(TempDirTest):
         text = "from torch.testing._internal.common_utils import run_tests\n"
         good.write_text(text)
         missing = self.root / "no_such_dir"
-        result = migrate(str(good), str(missing))
+        result = migrate_here(str(good), str(missing))
         self.assertEqual(result.returncode, 2)
         self.assertEqual(result.stderr, f"python -m harness.migrate: error: {missing}: "
                          "no such file or folder\n")
@@ -564,7 +584,7 @@ class TestBadInput(TempDirTest):
         self.assertEqual(good.read_text(), text)
 
     def test_no_path_is_a_one_line_usage_error(self) -> None:
-        result = migrate()
+        result = migrate_here()
         self.assertEqual(result.returncode, 2)
         self.assertEqual(len(result.stderr.splitlines()), 1, result.stderr)
         self.assertIn("PATH", result.stderr)
@@ -575,7 +595,7 @@ class TestBadInput(TempDirTest):
         broken.write_text(broken_text)
         good = self.root / "test_good.py"
         good.write_text("from torch.testing._internal.common_utils import run_tests\n")
-        result = migrate(str(self.root))
+        result = migrate_here(str(self.root))
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stdout.splitlines(), [
             f"{broken}: cannot parse: invalid syntax (line 2); left untouched",
@@ -722,6 +742,7 @@ class TestRewriteRules(unittest.TestCase):
             from torch.testing._internal.distributed import checkpoint_utils
             from torch.testing._internal.common_fsdp import *
             from torch.testing._internal.common_utils import run_tests
+            common_utils.TEST_HPU
             ''')
         new, moved, left = migrate_source(text, PROVIDED)
         self.assertEqual(new, text.replace("torch.testing._internal.common_utils import run_tests",
@@ -746,6 +767,77 @@ class TestRewriteRules(unittest.TestCase):
                 "    with_comms,\n)\n")
         self.assertEqual(migrate_source(text, PROVIDED), (text, [], [
             "torch.testing._internal.distributed._shard.sharded_tensor.with_comms"]))
+
+    def test_module_alias_moves_when_every_attribute_read_is_provided(self) -> None:
+        self.assertRewrites(
+            "import torch.testing._internal.common_utils as common\n"
+            "def test():\n    common.run_tests()\n    return common.TestCase\n",
+            "import harness as common\n"
+            "def test():\n    common.run_tests()\n    return common.TestCase\n")
+
+    def test_module_alias_stays_when_an_attribute_is_missing_or_it_is_passed_around(self) -> None:
+        for use in ("common.run_tests()\ncommon.TEST_HPU\n", "helper(common)\n"):
+            with self.subTest(use=use):
+                text = "import torch.testing._internal.common_utils as common\n" + use
+                self.assertEqual(migrate_source(text, PROVIDED), (text, [], [
+                    "torch.testing._internal.common_utils (module import)"]))
+
+    def test_a_module_of_its_own_takes_the_names_harness_exports_for_another(self) -> None:
+        sharded = "torch.testing._internal.distributed._shard.sharded_tensor"
+        known = Provided(PROVIDED | {"ShardedTensorTestBase"}, {
+            sharded: ("harness.kit.sharded_tensor",
+                      frozenset({"ShardedTensorTestBase", "with_comms"}),
+                      frozenset({"with_comms"}))})
+        text = textwrap.dedent(f'''\
+            from torch.testing._internal.common_utils import run_tests
+            from {sharded} import (
+                ShardedTensorTestBase,
+                with_comms,
+                TEST_GPU_NUM,
+            )
+            ''')
+        new, moved, left = migrate_source(text, known)
+        self.assertEqual(new, textwrap.dedent(f'''\
+            from harness import run_tests, ShardedTensorTestBase
+            from harness.kit.sharded_tensor import with_comms
+            from {sharded} import (
+                TEST_GPU_NUM,
+            )
+            '''))
+        self.assertEqual(moved, ["run_tests", "ShardedTensorTestBase", "with_comms"])
+        self.assertEqual(left, [f"{sharded}.TEST_GPU_NUM"])
+        self.assertEqual(migrate_source(new, known)[0], new, "not idempotent")
+
+    def test_upstream_test_suites_stay_with_their_reason(self) -> None:
+        text = ("from torch.testing._internal.common_methods_invocations import op_db\n"
+                "from torch.testing._internal.common_device_type import ops\n"
+                "from torch.testing._internal.distributed.rpc_utils import generate_tests\n")
+        reason = "(upstream's own test suite, not harness API)"
+        self.assertEqual(migrate_source(text, PROVIDED)[2], [
+            f"torch.testing._internal.common_methods_invocations.op_db {reason}",
+            f"torch.testing._internal.common_device_type.ops {reason}",
+            f"torch.testing._internal.distributed.rpc_utils.generate_tests {reason}",
+        ])
+
+    def test_check_passes_a_file_whose_private_imports_are_all_upstream_test_suites(self) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "test_ops.py"
+            path.write_text("from torch.testing._internal.common_methods_invocations import "
+                            "op_db\nfrom harness import run_tests\n")
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                code = main(["--check", str(path)])
+            self.assertEqual(code, 0, out.getvalue())
+            self.assertEqual(out.getvalue().splitlines(), [
+                f"{path}: left 1: torch.testing._internal.common_methods_invocations.op_db "
+                "(upstream's own test suite, not harness API)",
+                "migrate: 0 files would change, 1 unchanged, 0 private imports left, "
+                "1 imports of upstream's own test suites kept"])
+            out = io.StringIO()
+            path.write_text(path.read_text() + "from torch.testing._internal.common_utils "
+                            "import TEST_NOT_A_NAME\n")
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(main(["--check", str(path)]), 1)
 
     def test_unparsable_text_raises_syntax_error(self) -> None:
         with self.assertRaises(SyntaxError):

@@ -14,18 +14,18 @@ their launcher and in what a rank needs attached, so a new mode is a new Launche
 
 from __future__ import annotations
 
-import functools
 import inspect
-import types
 from typing import Any, List, Optional, Tuple
 
 from harness import devices
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher
 from harness.launch.report import RankRecord
+from harness.launch.routing import route_test_method
 from harness.launch.verdict import apply_verdict, decide
 from harness.skips import SKIP_BY_EXIT_CODE, check_case_requirements
 from harness.testcase import TestCase, current_seed, seed_everything
+from harness.world_size import BaseWorldSize, fix_world_size, world_size_of, wrap_world_size
 
 # unittest hides frames of modules that define this, as it does for its own: a multi-rank
 # failure then shows the rank's traceback, not the supervisor's.
@@ -41,7 +41,16 @@ class RankedTestCase(TestCase):
     `rank_records` holds every rank's record once the test joined them.
     """
 
+    # In a rank, what its launcher told it (`attach_rank`); None in the supervisor.
+    rank_context: Optional[RankContext] = None
     timeout: float = devices.DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
+    # How many ranks run the test (classes override it, as an int or a property): the base's
+    # default; once a run decided the number (harness/world_size.py), that number.
+    world_size: int = BaseWorldSize()  # type: ignore[assignment]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        wrap_world_size(cls)  # `self.world_size` reads the number the ranks run with
 
     def __init__(
         self, method_name: str = "runTest", methodName: str = "runTest"  # noqa: N803 - unittest's
@@ -53,13 +62,7 @@ class RankedTestCase(TestCase):
         self.ranks_timed_out_after: Optional[float] = None  # with rank_records: the timeout hit
         self._launcher: Optional[Launcher] = None
         self._exited_early = False  # in a rank: its test method called sys.exit(0)
-        _route_test_method(self)
-
-    @property
-    def world_size(self) -> int:
-        """How many ranks run the test (classes override it): HARNESS_WORLD_SIZE, else one
-        per GPU, else 2."""
-        return devices.default_world_size()
+        route_test_method(self, self._join_ranks)
 
     @property
     def is_master(self) -> bool:
@@ -79,13 +82,14 @@ class RankedTestCase(TestCase):
         """(world_size, timeout), checked before any rank starts: unmet requirements and a world
         size of 0 skip, a bad world size or timeout is a one-line config error."""
         check_case_requirements(self)
-        return devices.checked_rank_settings(self)
+        return devices.checked_rank_settings(self, world_size_of(self))
 
     def _start_ranks(self) -> None:
         """Start the ranks (supervisor only; a no-op in a rank and once started)."""
         if self.rank_context is not None or self._launcher is not None:
             return
-        self.checked_rank_settings()
+        world_size, _ = self.checked_rank_settings()
+        fix_world_size(self, world_size)
         launcher = self.make_launcher()
         self._launcher = launcher
         self.addCleanup(launcher.close)  # also when a subclass's setUp fails after this
@@ -119,6 +123,7 @@ class RankedTestCase(TestCase):
         running the case); subclasses add what their ranks need."""
         self.rank_context = context
         assign(self, "rank", context.rank)
+        fix_world_size(self, context.world_size)
 
     # --- in a rank: unittest's run, with the rank's own set-up instead of the class's --------
     def _rank_set_up(self) -> None:
@@ -160,28 +165,6 @@ class RankedTestCase(TestCase):
     def _rank_failed(self) -> bool:
         """In a rank: whether this test already failed here, so peers may be out of step."""
         return self.rank_context is not None and self.rank_context.failed
-
-
-def _route_test_method(case: RankedTestCase) -> None:
-    """Make the case's test method join the ranks in the supervisor (no `rank_context`) and
-    run the body in a rank, as upstream's `join_or_run`; `__wrapped__` is the original.
-
-    Defined here, in a module unittest hides from tracebacks, so that neither a rank's
-    traceback nor the verdict's starts with this frame. Bound with MethodType: unittest's
-    loader treats a plain function found on an instance as a static method.
-    """
-    name = case._testMethodName
-    method = getattr(case, name, None)
-    if method is None:
-        return
-
-    @functools.wraps(method)
-    def join_or_run(_case: RankedTestCase, *args: Any, **kwargs: Any) -> Any:
-        if _case.rank_context is None:
-            return _case._join_ranks()
-        return method(*args, **kwargs)
-
-    setattr(case, name, types.MethodType(join_or_run, case))
 
 
 def assign(case: Any, name: str, value: Any) -> None:

@@ -1,4 +1,7 @@
-"""run_all.py's command line: parsing, env knobs, the plan, and the exit code.
+"""The command line of `python -m harness` (the `torch-dist-harness` script) and run_all.py:
+parsing, env knobs, the plan, and the exit code. run_all.py is the same command over the
+suites in test_cases/; `python -m harness` runs the test files under the paths given (the
+current folder by default).
 
 Also the parser of the harness's own flags that `run_tests()` takes before unittest's.
 Bad input is a `UsageError`: one line on stderr and exit code 2, never a traceback.
@@ -25,7 +28,11 @@ from harness.runner.loader import (
     select,
     shard,
 )
+from harness.runner.order import ORDERS, OrderError, chosen_order, reorder
+from harness.runner.order import describe as describe_order
+from harness.runner.parallel import parse_jobs
 from harness.runner.progress import progress_interval
+from harness.testcase import SEED_ENV, current_seed
 
 DEFAULT_XML_DIR = "test-reports"
 
@@ -61,14 +68,27 @@ def _integer(what: str) -> Callable[[str], int]:
     return parse
 
 
-def run_all_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="run_all.py",
-        description="Run the suites in test_cases/ (or the modules named) and summarise.",
-    )
+def _jobs(text: str) -> int:
+    try:
+        return parse_jobs(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+HARNESS_PROG = "python -m harness"
+RUN_ALL_PROG = "run_all.py"
+
+
+def run_all_parser(prog: str = RUN_ALL_PROG) -> argparse.ArgumentParser:
+    if prog == RUN_ALL_PROG:
+        description = "Run the suites in test_cases/ (or the modules named) and summarise."
+    else:
+        description = "Run the tests under the paths given (default: this folder) and summarise."
+    parser = _Parser(prog=prog, description=description)
     parser.add_argument(
-        "modules", nargs="*", metavar="MODULE",
-        help="test_misc, test_cases.test_misc, a dotted module, a .py file or a folder",
+        "modules", nargs="*", metavar="PATH",
+        help="a folder (its test_*.py files, recursively), a .py file, a dotted module, or a"
+        " suite of test_cases/ by its short name (test_misc)",
     )
     parser.add_argument(
         "-k", dest="patterns", action="append", default=[], metavar="PATTERN",
@@ -98,6 +118,18 @@ def run_all_parser() -> argparse.ArgumentParser:
         "--repeat", type=_positive(int, "--repeat"), default=1, metavar="N",
         help="run every selected test N times",
     )
+    parser.add_argument(
+        "--order", choices=ORDERS,
+        help="run each class's tests and each file's classes in this order (HARNESS_ORDER)",
+    )
+    parser.add_argument(
+        "--seed", type=_integer("--seed"), metavar="N",
+        help="every test starts from seed N (sets HARNESS_SEED); also seeds --order shuffle",
+    )
+    parser.add_argument(
+        "-j", "--jobs", type=_jobs, default=1, metavar="N|auto",
+        help="run tests side by side within N cores (auto: the machine's)",
+    )
     parser.add_argument("-x", "--failfast", action="store_true", help="stop at the first failure")
     loud = parser.add_mutually_exclusive_group()
     loud.add_argument("-v", "--verbose", action="store_true", help="one line per test")
@@ -117,6 +149,12 @@ def _apply_env(args: argparse.Namespace) -> None:
         os.environ[devices.TIMEOUT_ENV] = repr(args.timeout)
     if args.allow_cpu:
         os.environ[devices.ALLOW_CPU_ENV] = "1"
+    if args.seed is not None:
+        os.environ[SEED_ENV] = str(args.seed)
+    try:
+        args.order = chosen_order(args.order)
+    except OrderError as error:
+        raise UsageError(str(error)) from None
     try:
         devices.accelerator_count()
         devices.allow_cpu()
@@ -125,7 +163,8 @@ def _apply_env(args: argparse.Namespace) -> None:
         devices.start_method()
         torchrun.launched()
         progress_interval()
-    except devices.HarnessConfigError as error:
+        current_seed()
+    except (devices.HarnessConfigError, ValueError) as error:
         raise UsageError(str(error)) from None
 
 
@@ -142,20 +181,34 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
 
 
 def print_list(plan: Plan, out: TextIO) -> None:
-    """--list: the plan's test ids, one a line (under torchrun, rank 0 alone prints them)."""
+    """--list: the plan's test ids, one a line (under torchrun, rank 0 alone prints them), as
+    the commands take them back: `-k ID`; for a script, `python test_x.py ID` (so without
+    `__main__.`); pytest's `test_x.py::Class::method` is the same id with `::`."""
     if not torchrun.reports_here():
         return
     for _, tests in plan:
         for test in tests:
-            print(test.id(), file=out)
+            test_id = test.id()
+            print(test_id[len("__main__."):] if test_id.startswith("__main__.") else test_id,
+                  file=out)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """`python -m harness [PATHS] [flags]`, the `torch-dist-harness` script: run_all.py's
+    flags and exit codes, over the test files under PATHS (the current folder by default)."""
+    return _main(argv, HARNESS_PROG)
 
 
 def run_all_main(argv: Optional[Sequence[str]] = None) -> int:
     """run_all.py: exit 0 when nothing failed, 1 when something failed, 2 on bad input,
     130/143/129 when stopped by Ctrl-C/SIGTERM/SIGHUP. Nothing it started outlives it."""
+    return _main(argv, RUN_ALL_PROG)
+
+
+def _main(argv: Optional[Sequence[str]], prog: str) -> int:
     with lifecycle.run_scope():
         try:
-            return _run_all(argv)
+            return _run_all(argv, prog)
         except KeyboardInterrupt as stop:  # before any test ran (while importing the suites)
             signum = lifecycle.signal_of(stop)
             print(f"run stopped: interrupted by {lifecycle.describe(signum)}", file=sys.stdout)
@@ -163,19 +216,24 @@ def run_all_main(argv: Optional[Sequence[str]] = None) -> int:
             return lifecycle.exit_code(signum)
 
 
-def _run_all(argv: Optional[Sequence[str]]) -> int:
+def _run_all(argv: Optional[Sequence[str]], prog: str) -> int:
     try:
-        args = run_all_parser().parse_args(argv)
+        args = run_all_parser(prog).parse_args(argv)
+        if not args.modules and prog == HARNESS_PROG:
+            args.modules = ["."]
         _apply_env(args)
         plan = plan_from_args(args)
     except UsageError as error:
-        print(f"run_all.py: error: {error}", file=sys.stderr)
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
     if args.list:
         print_list(plan, sys.stdout)
         return 0
     verbosity = 0 if args.quiet else 2 if args.verbose else 1
-    options = Options(xml_dir=args.save_xml, failfast=args.failfast, verbosity=verbosity)
+    seed = current_seed()
+    options = Options(xml_dir=args.save_xml, failfast=args.failfast, verbosity=verbosity,
+                      order_note=describe_order(args.order, seed), jobs=args.jobs)
+    plan = [(module, reorder(tests, args.order, seed)) for module, tests in plan]
     with compat_cpu_defaults.adaptation_log():
         return Engine(repeat(plan, args.repeat), options).run()
 
@@ -188,4 +246,6 @@ def run_tests_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeat", type=_positive(int, "--repeat"), default=1)
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--allow-cpu", action="store_true")
+    parser.add_argument("--order")  # checked by order.chosen_order, which reads HARNESS_ORDER too
+    parser.add_argument("-j", "--jobs", type=_jobs, default=1)
     return parser

@@ -1,7 +1,7 @@
 """`run_tests()`: the entry point of one test file (`if __name__ == "__main__": run_tests()`).
 
 unittest's own command line, plus the harness's flags (--save-xml, --seed, --repeat, --list,
---allow-cpu).
+--allow-cpu, --order, -j).
 The pieces it shares with run_all.py live in their own modules: records.py (one record per
 test), junit.py (XML), progress.py, loader.py (choosing tests), engine.py (running a plan
 under torchrun, where rank 0 alone reports) and cli.py (run_all.py's command line).
@@ -16,15 +16,20 @@ import unittest
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+import expecttest
+
 from harness import devices
 from harness.compat import cpu_defaults as compat_cpu_defaults
-from harness.process import torchrun
-from harness.runner import lifecycle
+from harness.process import forkserver, torchrun
+from harness.runner import lifecycle, upstream_flags
 from harness.runner.cli import print_list, run_tests_parser
 from harness.runner.engine import Engine, Options, closing_line
 from harness.runner.junit import junit_result_class, xml_runner
 from harness.runner.loader import UsageError, flatten, repeat
+from harness.runner.order import OrderError, chosen_order, reorder
+from harness.runner.order import describe as describe_order
 from harness.runner.records import Tally
+from harness.testcase import SEED_ENV, current_seed
 
 HARNESS_FLAGS_HELP = """
 Harness options (besides unittest's):
@@ -34,6 +39,12 @@ Harness options (besides unittest's):
   --list            print the selected test ids and exit
   --allow-cpu       run tests written for accelerators on CPU where none exists
                     (sets HARNESS_ALLOW_CPU=1)
+  --order ORDER     forward, reverse or shuffle (seeded by --seed): each class's tests and
+                    the classes of the file in that order (HARNESS_ORDER)
+  -j N|auto         run tests side by side within N cores (auto: the machine's), with
+                    run_all.py's summary
+Upstream's run_tests flags are accepted: --accept, --showlocals, --discover-tests and
+--log-suffix act, --pytest-single-test selects the test, the others are ignored with a note.
 """
 
 
@@ -70,15 +81,20 @@ class _Program(unittest.TestProgram):
 
     def runTests(self) -> None:  # noqa: N802 - unittest's naming
         opts = self.harness_args
-        tests = flatten(self.test)
+        seed = current_seed()
+        tests = reorder(flatten(self.test), opts.order, seed)
+        self.test = unittest.TestSuite(tests)
         if opts.list:
             print_list([("", tests)], sys.stdout)
             sys.exit(0)
         if opts.repeat > 1:
             self.test = unittest.TestSuite(repeat([("", tests)], opts.repeat)[0][1])
-        if torchrun.launched() is not None:
+        if torchrun.launched() is not None or opts.jobs > 1:
+            # torchrun: the ranks run the plan in step; -j: side by side (with run_all.py's
+            # summary); both through the engine
             options = Options(xml_dir=opts.save_xml, failfast=bool(self.failfast),
-                              verbosity=self.verbosity)
+                              verbosity=self.verbosity,
+                              order_note=describe_order(opts.order, seed), jobs=opts.jobs)
             modules: Dict[str, List[unittest.TestCase]] = {}
             for test in flatten(self.test):
                 modules.setdefault(type(test).__module__, []).append(test)
@@ -97,9 +113,9 @@ class _Program(unittest.TestProgram):
         tests = _UntilInterrupted(self.test)
         self.test = tests
         super().runTests()
-        adapted = compat_cpu_defaults.summary_line()
-        if adapted is not None:
-            self.testRunner.stream.writeln(adapted)
+        for note in (compat_cpu_defaults.summary_line(), describe_order(opts.order, seed)):
+            if note is not None:
+                self.testRunner.stream.writeln(note)
         self.code = int(not self.result.wasSuccessful())
         if tests.signum is not None:
             self.code = lifecycle.exit_code(tests.signum)
@@ -122,23 +138,45 @@ def _restart_with_switch() -> None:
     os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
+def _apply_upstream_flags(
+    flags: upstream_flags.UpstreamFlags, harness_args: argparse.Namespace, rest: List[str]
+) -> List[str]:
+    """Act on upstream's flags (harness/runner/upstream_flags.py); the unittest arguments."""
+    for note in flags.notes:
+        print(f"run_tests: {note}", file=sys.stderr)
+    if flags.accept:
+        expecttest.ACCEPT = True
+        os.environ["EXPECTTEST_ACCEPT"] = "1"  # rank processes record too
+    harness_args.list = harness_args.list or flags.discover
+    if harness_args.save_xml is not None:
+        harness_args.save_xml += flags.log_suffix
+    return [*(["--locals"] if flags.show_locals else []), *rest, *flags.tests]
+
+
 def run_tests(argv: Optional[Sequence[str]] = None) -> None:
     """`if __name__ == "__main__": run_tests()`: unittest's command line (-v, -k, test names,
     -f, ...) plus --save-xml [DIR], --seed N, --repeat N, --list and --allow-cpu (sets
     HARNESS_ALLOW_CPU=1; from the command line the file is run again with it, so that its
-    device-type classes are made with it). Exits with unittest's code,
-    or 130/143/129 when stopped by Ctrl-C/SIGTERM/SIGHUP (after reporting what finished).
+    device-type classes are made with it), and upstream's flags (upstream_flags.py). Exits
+    with unittest's code, or 130/143/129 when stopped by Ctrl-C/SIGTERM/SIGHUP (after
+    reporting what finished).
     Nothing it started outlives it; the signal handlers it replaced are restored."""
+    forkserver.check_not_bootstrapping()  # called by a script that lacks its main guard
     argv_given, argv = argv, list(sys.argv if argv is None else argv)
     try:
         harness_args, rest = run_tests_parser().parse_known_args(argv[1:])
+        upstream, rest = upstream_flags.take(rest)
     except UsageError as error:
         print(f"{Path(argv[0]).name}: error: {error}", file=sys.stderr)
         sys.exit(2)
+    rest = _apply_upstream_flags(upstream, harness_args, rest)
     if harness_args.seed is not None:
-        from harness.testcase import SEED_ENV
-
         os.environ[SEED_ENV] = str(harness_args.seed)
+    try:
+        harness_args.order = chosen_order(harness_args.order)
+    except OrderError as error:
+        print(f"{Path(argv[0]).name}: error: {error}", file=sys.stderr)
+        sys.exit(2)
     if harness_args.allow_cpu and os.environ.get(devices.ALLOW_CPU_ENV) != "1":
         os.environ[devices.ALLOW_CPU_ENV] = "1"
         if argv_given is None:
