@@ -23,7 +23,8 @@ from harness.launch.launcher import Launcher
 from harness.launch.report import RankRecord
 from harness.launch.routing import route_test_method
 from harness.launch.verdict import apply_verdict, decide
-from harness.skips import SKIP_BY_EXIT_CODE, check_case_requirements
+from harness.skip_codes import SKIP_BY_EXIT_CODE
+from harness.skips import check_case_requirements
 from harness.testcase import TestCase, current_seed, seed_everything
 from harness.world_size import BaseWorldSize, fix_world_size, world_size_of, wrap_world_size
 

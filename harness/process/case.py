@@ -25,7 +25,7 @@ from harness.launch.launcher import Launcher
 from harness.launch.report import RankRecord
 from harness.launch.verdict import apply_verdict, decide
 from harness.process.launchers import FreshProcesses, process_launcher
-from harness.skips import TEST_SKIPS
+from harness.skip_codes import TEST_SKIPS
 from harness.world_size import BaseWorldSize, world_size_of
 
 # unittest hides frames of modules that define this: a verdict's report starts at the ranks.
