@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Tuple
 from harness.launch.report import Event, RankRecord, signal_name
 from harness.launch.verdict import (
     OUTPUT_TAIL_LINES,
+    RankReport,
     SubtestVerdict,
     Verdict,
     apply_verdict,
@@ -45,13 +46,15 @@ class Decide(unittest.TestCase):
         verdict = decide(records, None)
         self.assertEqual(verdict.kind, "fail")
         head, body = verdict.message.split("\n\n", 1)
-        self.assertEqual(head, "rank 1 raised")
+        self.assertEqual(head, "rank 1 raised: AssertionError: boom")
         self.assertEqual(body, "rank 1 raised:\n" + TRACEBACK.rstrip())
         self.assertNotIn("rank 0", verdict.message)
 
     def test_expected_failure_event_counts_as_raised(self) -> None:
         records = [done(0, Event(kind="expected_failure", text="Traceback\nValueError: x"))]
-        self.assertEqual(decide(records, None).message.splitlines()[0], "rank 0 raised")
+        self.assertEqual(
+            decide(records, None).message.splitlines()[0], "rank 0 raised: ValueError: x"
+        )
 
     def test_rank_killed_by_signal_names_rank_and_signal(self) -> None:
         records = [done(0, Event(kind="success")), RankRecord(rank=1, exitcode=-11)]
@@ -78,7 +81,9 @@ class Decide(unittest.TestCase):
         ]
         head = decide(records, None).message.split("\n\n")[0]
         self.assertEqual(
-            head, "rank 0 raised; rank 0 died by signal SIGABRT; rank 1 exited with code 2"
+            head,
+            "rank 0 raised: AssertionError: boom; rank 0 died by signal SIGABRT; "
+            "rank 1 exited with code 2",
         )
 
     def test_first_rank_seen_failing_comes_first(self) -> None:
@@ -98,7 +103,7 @@ class Decide(unittest.TestCase):
         verdict = decide(records, None)
         self.assertEqual(verdict.message.split("\n\n")[0], "rank 0 exited with code 4")
         self.assertIn(
-            "rank 1 was still running and was stopped; its stack then:\nFile b.py, in wait\n"
+            "rank 1 was still running and was stopped; its stack then:\nFile b.py, in wait\n\n"
             "rank 2 was still running and was stopped; its stack then:\n"
             "(no stack: the rank did not answer the dump signal)",
             verdict.message,
@@ -174,7 +179,10 @@ class Decide(unittest.TestCase):
             verdict.subtests,
             [
                 SubtestVerdict({"n": 1}, "pass", ""),
-                SubtestVerdict({"n": 2}, "fail", "rank 0 failed this grid point:\ntb0"),
+                SubtestVerdict(
+                    {"n": 2}, "fail", "rank 0 failed this grid point:\ntb0",
+                    RankReport("rank 0", "tb0", [], []),
+                ),
             ],
         )
 
@@ -210,6 +218,7 @@ class MergeSubtests(unittest.TestCase):
                     {"k": None},
                     "fail",
                     "rank 0 failed this grid point:\ntb0\nrank 1 failed this grid point:\ntb1",
+                    RankReport("rank 0", "tb0", [], [("rank 1 failed this grid point", "tb1")]),
                 )
             ],
         )
