@@ -17,6 +17,7 @@ WORLD_SIZE_ENV = "HARNESS_WORLD_SIZE"
 TIMEOUT_ENV = "HARNESS_TIMEOUT"
 START_METHOD_ENV = "HARNESS_START_METHOD"
 ALLOW_CPU_ENV = "HARNESS_ALLOW_CPU"
+DEBUG_RANK_ENV = "HARNESS_DEBUG_RANK"
 
 DEVICE_CHOICES = ("cpu", "cuda")
 START_METHODS = ("forkserver", "spawn")
@@ -142,6 +143,12 @@ def checked_rank_settings(case: Any) -> Tuple[int, float]:
             f"{name}.timeout must be a positive number of seconds, got {timeout!r}"
         )
     return world_size, timeout
+
+
+def debug_rank() -> Optional[int]:
+    """The rank given the terminal for a debugger (`--debug-rank N`), else None."""
+    rank = _env_number(DEBUG_RANK_ENV, int, 0)
+    return None if rank is None else int(rank)
 
 
 def start_method() -> str:

@@ -32,6 +32,11 @@ from harness.launch.context import RankContext
 from harness.parametrize import run_subtests
 from harness.skips import check_case_requirements
 
+# unittest and pytest hide frames of modules that define these (as unittest hides its own):
+# a failure points at the test's line, not at assertEqual or the harness's method routing.
+__unittest = True
+__tracebackhide__ = True
+
 SEED_ENV = "HARNESS_SEED"
 DEFAULT_SEED = 1234
 

@@ -11,6 +11,8 @@ needs attached, so a new mode is a new Launcher, not a new copy of this.
 
 from __future__ import annotations
 
+import math
+import time
 from typing import List, Optional, Tuple
 
 from harness import devices
@@ -21,11 +23,15 @@ from harness.launch.verdict import apply_verdict, decide
 from harness.skips import check_case_requirements
 from harness.testcase import TestCase, route_test_method
 
-# unittest hides frames of modules that define this, as it does for its own: a multi-rank
-# failure then shows the rank's traceback, not the supervisor's.
+# unittest and pytest hide frames of modules that define these, as unittest does for its
+# own: a multi-rank failure then shows the rank's traceback, not the supervisor's.
 __unittest = True
+__tracebackhide__ = True
 
 SUPERVISOR_RANK = -1
+DEBUG_TIMEOUT_S = 7 * 24 * 3600.0  # `--debug-rank`: the timeout waits for the person debugging
+REPORT_MARGIN_S = 5.0  # before a runner's deadline: time to stop the ranks and report
+MIN_TIMEOUT_S = 0.1
 
 
 class RankedTestCase(TestCase):
@@ -36,6 +42,9 @@ class RankedTestCase(TestCase):
     """
 
     timeout: float = devices.DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
+    # A runner's own limit on this test (time.monotonic()), e.g. pytest-timeout's: the ranks are
+    # stopped early enough for the harness's hang report to be what the user sees.
+    deadline: Optional[float] = None
 
     def __init__(
         self, method_name: str = "runTest", methodName: str = "runTest"  # noqa: N803 - unittest's
@@ -77,6 +86,8 @@ class RankedTestCase(TestCase):
         if self.rank_context is not None or self._launcher is not None:
             return
         self.checked_rank_settings()
+        if devices.debug_rank() is not None:  # a person steps through a rank: wait for them
+            self.timeout = DEBUG_TIMEOUT_S
         launcher = self.make_launcher()
         self._launcher = launcher
         self.addCleanup(launcher.close)  # also when a subclass's setUp fails after this
@@ -93,12 +104,21 @@ class RankedTestCase(TestCase):
             raise RuntimeError(
                 f"{type(self).__name__}.setUp did not start the ranks: call super().setUp()"
             )
+        self._meet_deadline()
         try:
             records, timed_out_after = launcher.join(self)
         finally:  # on KeyboardInterrupt too: nothing a test started outlives it
             launcher.close()
         self.rank_records = records
         apply_verdict(self, decide(records, timed_out_after))
+
+    def _meet_deadline(self) -> None:
+        """Shorten the timeout so that the ranks are stopped and reported before `deadline`."""
+        if self.deadline is None or devices.debug_rank() is not None:
+            return
+        left = self.deadline - time.monotonic()
+        allowed = math.floor((left - min(REPORT_MARGIN_S, left / 4)) * 10) / 10
+        self.timeout = max(MIN_TIMEOUT_S, min(self.timeout, allowed))
 
     def attach_rank(self, context: RankContext) -> None:
         """Make this instance the rank `context` describes (the launcher calls it before

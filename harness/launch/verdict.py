@@ -23,6 +23,7 @@ __unittest = True
 __tracebackhide__ = True
 
 OUTPUT_TAIL_LINES = 200
+CONSEQUENCE_LINE = 100  # characters of a consequence's exception line kept in the head
 
 
 class RankReport(NamedTuple):
@@ -64,8 +65,13 @@ class Problem(NamedTuple):
     consequence: bool
 
     def headline(self) -> str:
-        head = f"{self.head} as a consequence" if self.consequence else self.head
-        return f"{head}: {self.exception.splitlines()[0]}" if self.exception else head
+        if not self.exception:
+            return self.head
+        line = self.exception.splitlines()[0]
+        if self.consequence:  # the cause is told before; this only says what followed
+            line = line if len(line) <= CONSEQUENCE_LINE else line[: CONSEQUENCE_LINE - 3] + "..."
+            return f"{self.head} as a consequence: {line}"
+        return f"{self.head}: {line}"
 
     def section(self) -> Tuple[str, str]:
         """(title, text) of the report's section on this problem; untitled when one line."""
@@ -105,7 +111,7 @@ def problems_of(record: RankRecord) -> List[Problem]:
         head = head.rstrip(":")
         exception = stacks.exception_text(detail) if detail else ""
         if crashed and not detail and head.startswith(f"rank {record.rank} died by signal"):
-            detail = record.stack.strip()  # the stack it crashed with, when it could tell
+            detail = record.stack.strip("\n")  # the stack it crashed with, when it could tell
         found.append(Problem(record.rank, head, exception, detail, is_consequence(detail)))
     return found
 
@@ -218,7 +224,7 @@ NO_STACK = "(no stack: the rank did not answer the dump signal)"
 def stacks_section(running: List[RankRecord]) -> str:
     parts = ["Python stacks of the ranks still running:"]
     for record in running:
-        parts.append(f"--- stack of rank {record.rank} ---\n{record.stack.strip() or NO_STACK}")
+        parts.append(f"--- stack of rank {record.rank} ---\n{stopped_stack(record)}")
     return "\n".join(parts)
 
 
@@ -227,7 +233,7 @@ def stopped_title(record: RankRecord) -> str:
 
 
 def stopped_stack(record: RankRecord) -> str:
-    return record.stack.strip() or NO_STACK
+    return record.stack.strip("\n") or NO_STACK
 
 
 def output_section(records: List[RankRecord]) -> str:

@@ -45,9 +45,11 @@ GROUP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 # What every rank would otherwise import itself, once per test: torch.distributed.tensor because
 # torch.testing.assert_close (so every tensor assertEqual) imports it on first use, which costs a
 # rank over a second; numpy because TestCase.setUp seeds it. Missing modules are skipped.
+# harness.process.assert_rewrite comes before any test module: under pytest, it rewrites their
+# asserts as pytest does.
 _preload: List[str] = [
     "torch", "torch.distributed", "torch.distributed.tensor", "numpy", "harness.testcase",
-    "harness.process.rank",
+    "harness.process.rank", "harness.process.assert_rewrite",
 ]
 
 
