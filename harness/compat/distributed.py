@@ -7,7 +7,7 @@ through here. Also a barrier on a group's CPU backend, for shared ranks' meeting
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, List
 
 
 def default_process_group() -> Any:
@@ -48,3 +48,15 @@ def cpu_barrier(group: Any) -> None:
     options = BarrierOptions()
     options.device = torch.device("cpu")
     group._get_backend(torch.device("cpu")).barrier(options).wait()
+
+
+def live_process_groups() -> List[Any]:
+    """Every process group this process created and has not destroyed (the default one
+    included), from c10d's private group map; empty before any group exists."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return []
+    from torch.distributed import distributed_c10d
+
+    return list(distributed_c10d._world.pg_map)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing import parent_process
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -39,7 +39,8 @@ from harness.compat import flight_recorder as compat_flight_recorder
 from harness.devices import DEBUG_RANK_ENV
 from harness.launch.context import RankContext
 from harness.launch.report import Event, ReportingResult, format_error, skip_exit_reason
-from harness.process import assert_rewrite
+from harness.process import assert_rewrite, leaks
+from harness.testcase import current_seed
 
 STACK_SIGNAL = signal.SIGUSR1  # the parent sends it to get a rank's Python stack
 COLLECTIVES_SIGNAL = signal.SIGUSR2  # ... and this one for the collectives it entered
@@ -95,13 +96,17 @@ def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
     test passed goes to the next test's meeting at once (its peers are not inside a
     collective of the test, which the meeting's could be mistaken for), so that meeting
     overlaps the parent's own work; one whose test failed or skipped goes only once the
-    next test arrives. When its pipe closes the rank exits.
+    next test arrives. A test that leaves process state behind (harness/process/leaks.py:
+    each rank compares snapshots taken before and after it) fails, and the rank exits, so
+    the next test starts on new ranks. When its pipe closes the rank exits.
     """
     _set_up_process(spec)
     cls: Any = None
+    checks: FrozenSet[str] = frozenset()
     setup_problem: Optional[Event] = None
     try:
         cls = load_class(spec.module, spec.qualname)
+        checks = leaks.checks_for(cls)
         cls._shared_rank_start(spec.rank, spec.world_size, spec.file_name)
     except (Exception, SystemExit):
         err = sys.exc_info()
@@ -122,8 +127,10 @@ def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
             continue
         if not met and not _meet(cls, channel, number):
             break
-        passed = _run_shared_test(cls, spec, task, channel)
+        passed, leaked = _run_shared_test(cls, spec, task, channel, checks)
         number += 1
+        if leaked:  # the state it left must not reach the next test: new ranks for that one
+            break
         # What the rank prints from here on (the next meeting: a peer that crashed shows up
         # there as a connection error) is not this test's output: keep it out of its report.
         output = f"{spec.output_path}.between"
@@ -147,12 +154,20 @@ def _meet(cls: Any, channel: Connection, number: int) -> bool:
     return True
 
 
-def _run_shared_test(cls: Any, spec: RankSpec, task: Task, channel: Connection) -> bool:
-    """Run one test in a shared rank (already past the meeting); whether it passed here."""
+def _run_shared_test(
+    cls: Any, spec: RankSpec, task: Task, channel: Connection, checks: FrozenSet[str]
+) -> Tuple[bool, bool]:
+    """Run one test in a shared rank (already past the meeting): whether it passed here, and
+    whether it left process state behind (harness/process/leaks.py), which fails it."""
+    if "generator" in checks:  # as the test's setUp will: one that draws nothing leaves it so
+        torch.default_generator.manual_seed(current_seed())
+    before = leaks.snapshot(checks, cls.pg)
     result = ReportingResult(channel, hold_success=True)
     grid_points = _run_case(lambda: cls(task.method), spec, task.file_name, result, channel)
-    channel.send([*result.held, Event("done", count=grid_points)])  # one message
-    return result.passed
+    found = leaks.leaks(before, leaks.snapshot(checks, cls.pg))
+    report = [leaks.leak_event(task.method, found)] if found else []
+    channel.send([*result.held, *report, Event("done", count=grid_points)])  # one message
+    return result.passed and not found, bool(found)
 
 
 def _run_case(

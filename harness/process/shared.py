@@ -25,6 +25,7 @@ import atexit
 from typing import Any, Dict, List, Optional, Tuple
 
 from harness.launch.report import RankRecord
+from harness.process import leaks
 from harness.process.supervisor import RankGroup
 
 READY_TIMEOUT_S = 10.0  # how long a reused set may take to meet before a test
@@ -66,8 +67,8 @@ class SharedRanks:
         except BaseException:  # KeyboardInterrupt, SIGTERM: no rank outlives the test
             self.close()
             raise
-        if not group.intact():
-            self.close()
+        if not group.intact() or leaks.leaked(group.records):
+            self.close()  # a leak: the next test must not meet what this one left
         return group.records, timed_out
 
     def _describe(self, case: Any) -> None:

@@ -1,0 +1,219 @@
+"""What a test left behind in a shared rank process: snapshots of process state, compared.
+
+Shared ranks (harness/process/rank.py `serve`) run every test of a class in one process, so
+a test that changes process-wide state changes it for the tests after it. Each rank takes a
+`Snapshot` before a test and another after it (after tearDown and cleanups); `leaks` names
+every difference, and a test with any fails with `leak_message` (the class's next test then
+gets fresh ranks, so the leak never reaches it).
+
+Checks, by the name a class uses to opt out of one (`skip_leak_checks = ("environ",)`):
+environ (os.environ, but for what torch sets on a feature's first use), default_dtype,
+default_device, grad_mode (grad and inference mode), deterministic (torch's
+deterministic-algorithms mode, cuDNN's deterministic and benchmark flags), process_groups
+(groups other than the class's left alive), threads (non-daemon threads still running).
+`generator` (the default CPU generator's state) runs only for a class that opts in with
+`check_generator_leaks = True`: most tests draw random numbers.
+
+Pure: nothing here changes process state; taking a snapshot costs tens of microseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Collection, Dict, FrozenSet, List, Optional, Tuple
+
+import torch
+
+from harness.compat import distributed as compat_distributed
+from harness.launch.report import Event, RankRecord
+
+CHECKS: Tuple[str, ...] = (
+    "environ", "default_dtype", "default_device", "grad_mode", "deterministic",
+    "process_groups", "threads",
+)
+OPT_IN_CHECKS: Tuple[str, ...] = ("generator",)
+SKIP_ATTR = "skip_leak_checks"
+GENERATOR_ATTR = "check_generator_leaks"
+
+
+class LeakConfigError(ValueError):
+    """A class names a leak check that does not exist."""
+
+
+def checks_for(cls: type) -> FrozenSet[str]:
+    """The checks that run for `cls`'s tests: every default one it does not skip, plus the
+    generator when it opts in. LeakConfigError for a skipped name that is no check."""
+    skipped = getattr(cls, SKIP_ATTR, ())
+    if isinstance(skipped, str):
+        skipped = (skipped,)
+    unknown = sorted(set(skipped) - set(CHECKS) - set(OPT_IN_CHECKS))
+    if unknown:
+        known = ", ".join(CHECKS + OPT_IN_CHECKS)
+        raise LeakConfigError(
+            f"{cls.__name__}.{SKIP_ATTR}: unknown check {unknown[0]!r} (known: {known})"
+        )
+    chosen = set(CHECKS)
+    if getattr(cls, GENERATOR_ATTR, False):
+        chosen.add("generator")
+    return frozenset(chosen - set(skipped))
+
+
+@dataclass
+class Snapshot:
+    """The process state the checks compare; a check not taken is None."""
+
+    environ: Optional[Dict[str, str]] = None
+    default_dtype: Optional[torch.dtype] = None
+    default_device: Optional[torch.device] = None
+    grad_mode: Optional[Tuple[bool, bool]] = None  # grad enabled, inference mode
+    deterministic: Optional[Tuple[str, bool, bool]] = None
+    process_groups: Optional[FrozenSet[int]] = None  # ids of the groups alive, the class's aside
+    threads: Optional[Dict[int, str]] = None  # ident -> name of the non-daemon threads alive
+    generator: Optional[Tuple[int, Any]] = None  # initial seed, state
+
+
+_DETERMINISTIC_MODES = {0: "off", 1: "warn only", 2: "on"}
+
+
+def _deterministic() -> Tuple[str, bool, bool]:
+    cudnn = torch.backends.cudnn
+    mode = _DETERMINISTIC_MODES[torch.get_deterministic_debug_mode()]
+    return mode, bool(cudnn.deterministic), bool(cudnn.benchmark)
+
+
+def _threads() -> Dict[int, str]:
+    main = threading.main_thread()
+    return {
+        t.ident or 0: t.name for t in threading.enumerate() if not t.daemon and t is not main
+    }
+
+
+_TAKERS: Dict[str, Callable[[Any], Any]] = {
+    "environ": lambda own: dict(os.environ),
+    "default_dtype": lambda own: torch.get_default_dtype(),
+    "default_device": lambda own: torch.get_default_device(),
+    "grad_mode": lambda own: (torch.is_grad_enabled(), torch.is_inference_mode_enabled()),
+    "deterministic": lambda own: _deterministic(),
+    "process_groups": lambda own: frozenset(
+        id(g) for g in compat_distributed.live_process_groups() if g is not own
+    ),
+    "threads": lambda own: _threads(),
+    "generator": lambda own: (
+        torch.default_generator.initial_seed(), torch.default_generator.get_state()
+    ),
+}
+
+
+def snapshot(checks: Collection[str], own_group: Any = None) -> Snapshot:
+    """The state `checks` look at, now; `own_group` (the class's group) is not a leak."""
+    taken = Snapshot()
+    for name in checks:
+        setattr(taken, name, _TAKERS[name](own_group))
+    return taken
+
+
+# Variables torch sets itself on the first use of a feature (compile caches, toolchain paths),
+# once per process: not state a test chose to leave.
+TORCH_LAZY_ENV = frozenset({
+    "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_PTXAS_PATH", "TRITON_LIBDEVICE_PATH",
+    "KMP_DUPLICATE_LIB_OK", "CUBLAS_WORKSPACE_CONFIG", "DISABLE_CUPTI_LAZY_REINIT",
+    "TEARDOWN_CUPTI",
+})
+
+
+def _environ(before: Dict[str, str], after: Dict[str, str]) -> List[str]:
+    before = {k: v for k, v in before.items() if k not in TORCH_LAZY_ENV}
+    after = {k: v for k, v in after.items() if k not in TORCH_LAZY_ENV}
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    changed = sorted(k for k in set(before) & set(after) if before[k] != after[k])
+    found = [f"{', '.join(added)} in os.environ"] if added else []
+    found += [f"{', '.join(removed)} removed from os.environ"] if removed else []
+    found += [f"{', '.join(changed)} changed in os.environ"] if changed else []
+    return found
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def _grad_mode(before: Tuple[bool, bool], after: Tuple[bool, bool]) -> List[str]:
+    names = ("grad mode", "inference mode")
+    return [f"{n} {_on(a)} (was {_on(b)})" for n, b, a in zip(names, before, after) if a != b]
+
+
+def _deterministic_leaks(before: Tuple[Any, ...], after: Tuple[Any, ...]) -> List[str]:
+    names = ("deterministic algorithms", "cudnn.deterministic", "cudnn.benchmark")
+    return [f"{n} {a} (was {b})" for n, b, a in zip(names, before, after) if a != b]
+
+
+def _groups(before: FrozenSet[int], after: FrozenSet[int]) -> List[str]:
+    left = len(after - before)
+    if not left:
+        return []
+    return [f"{left} process group{'s' if left > 1 else ''} not destroyed"]
+
+
+def _thread_leaks(before: Dict[int, str], after: Dict[int, str]) -> List[str]:
+    names = [repr(after[ident]) for ident in after if ident not in before]
+    if not names:
+        return []
+    plural = "s" if len(names) > 1 else ""
+    return [f"{len(names)} thread{plural} still running ({', '.join(names)})"]
+
+
+def _generator(before: Tuple[int, Any], after: Tuple[int, Any]) -> List[str]:
+    if before[0] != after[0]:
+        return [f"default generator reseeded with {after[0]} (was {before[0]})"]
+    if not torch.equal(before[1], after[1]):
+        return ["default generator advanced (random numbers drawn from it)"]
+    return []
+
+
+_COMPARERS: Dict[str, Callable[[Any, Any], List[str]]] = {
+    "environ": _environ,
+    "default_dtype": lambda b, a: [] if a == b else [f"default dtype {_name(a)} (was {_name(b)})"],
+    "default_device": lambda b, a: [] if a == b else [f"default device {a} (was {b})"],
+    "grad_mode": _grad_mode,
+    "deterministic": _deterministic_leaks,
+    "process_groups": _groups,
+    "threads": _thread_leaks,
+    "generator": _generator,
+}
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def leaks(before: Snapshot, after: Snapshot) -> List[str]:
+    """Each difference between two snapshots, as a phrase (`default dtype float64 (was
+    float32)`), in the order of CHECKS; only checks taken in both are compared."""
+    found: List[str] = []
+    for name in (*CHECKS, *OPT_IN_CHECKS):
+        old, new = getattr(before, name), getattr(after, name)
+        if old is not None and new is not None:
+            found += _COMPARERS[name](old, new)
+    return found
+
+
+def leak_message(test: str, found: List[str]) -> str:
+    """One line naming each leak: `test_x left LEAKED_VAR in os.environ; default dtype
+    float64 (was float32); 1 process group not destroyed`."""
+    return f"{test} left {'; '.join(found)}"
+
+
+LEAK_STATUS = "leak"  # the status of the failure event that reports leaks
+
+
+def leak_event(test: str, found: List[str]) -> Event:
+    """The failure a rank reports for a test that leaked (marked, so the parent retires the
+    ranks)."""
+    return Event("failure", f"{leak_message(test, found)}\n", status=LEAK_STATUS)
+
+
+def leaked(records: List[RankRecord]) -> bool:
+    """Whether any rank reported that the test left state behind."""
+    return any(e.kind == "failure" and e.status == LEAK_STATUS for r in records for e in r.events)

@@ -1,0 +1,74 @@
+"""Test tiers for the harness's own tests.
+
+`slow` marks a test that starts a process (rank processes through the forkserver, a
+`subprocess` of run_all or a script, torchrun) or compares against upstream's harness: each
+such start imports torch afresh, which is what makes the full run take minutes. The inner
+loop is `python -m pytest -m "not slow" tests`; CI runs everything.
+
+With HARNESS_REPORT_SPAWNS set, the run ends listing the tests without the mark that started
+a process, so a new test that should be `slow` is found by running the fast tier.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.process
+import os
+import subprocess
+from typing import Any, Iterator
+
+import pytest
+
+_current: list[str] = []
+_unmarked_spawners: dict[str, str] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "slow: starts a process (ranks, run_all, a script, torchrun) or compares against"
+        " upstream's harness; deselect with -m 'not slow'",
+    )
+    if os.environ.get("HARNESS_REPORT_SPAWNS"):
+        _watch_process_starts()
+
+
+def _note_spawn(kind: str) -> None:
+    if _current:
+        _unmarked_spawners.setdefault(_current[-1], kind)
+
+
+def _watch_process_starts() -> None:
+    """Wrap the two ways a process starts from Python code here: subprocess and multiprocessing."""
+    execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+    start = multiprocessing.process.BaseProcess.start
+
+    def watched_execute_child(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _note_spawn("subprocess")
+        return execute_child(self, *args, **kwargs)
+
+    def watched_start(self: Any) -> None:
+        _note_spawn("multiprocessing")
+        start(self)
+
+    subprocess.Popen._execute_child = watched_execute_child  # type: ignore[attr-defined]
+    multiprocessing.process.BaseProcess.start = watched_start  # type: ignore[method-assign]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    watched = item.get_closest_marker("slow") is None
+    if watched:
+        _current.append(item.nodeid)
+    try:
+        return (yield)
+    finally:
+        if watched:
+            _current.pop()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _unmarked_spawners:
+        return
+    terminalreporter.section("tests without the slow mark that started a process")
+    for nodeid, kind in sorted(_unmarked_spawners.items()):
+        terminalreporter.write_line(f"{nodeid} ({kind})")
