@@ -14,4 +14,6 @@ setup(
         "expecttest>=0.2",
         "unittest-xml-reporting>=3.2",
     ],
+    # pytest loads the harness's plugin in any project that installs the package.
+    entry_points={"pytest11": ["harness.pytest_plugin = harness.pytest_plugin"]},
 )

@@ -26,6 +26,7 @@ import functools
 import linecache
 import os
 import sys
+import sysconfig
 import time
 from types import TracebackType
 from typing import Any, Generator, List, Optional, Tuple
@@ -38,7 +39,8 @@ from harness.launch.case import RankedTestCase
 from harness.launch.report import RankRecord
 from harness.launch.stacks import Frame
 from harness.launch.verdict import RankReport, rank_report
-from harness.process import assert_rewrite
+from harness.process import assert_rewrite, forkserver, torchrun
+from harness.process.case import MultiProcessTestCase
 
 _DEADLINE = pytest.StashKey[float]()
 _RECORDS = pytest.StashKey[List[RankRecord]]()
@@ -67,6 +69,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     names = assert_rewrite.rewritten_by_pytest(modules)
     if names:
         os.environ[assert_rewrite.REWRITE_ENV] = ",".join(sorted(names))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Any:
+    """Start the forkserver before the test's own time (and pytest-timeout's timer) starts:
+    its start-up, seconds once per run, is not the test's."""
+    cls = getattr(item, "cls", None)
+    if isinstance(cls, type) and issubclass(cls, MultiProcessTestCase):
+        try:
+            if devices.start_method() == "forkserver" and torchrun.launched() is None:
+                forkserver.warm_up(cls.__module__)
+        except devices.HarnessConfigError:
+            pass  # the test itself reports it
+    return (yield)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -113,7 +129,10 @@ def pytest_runtest_makereport(
 
 def _longrepr(item: pytest.Item, lead: RankReport) -> Any:
     """pytest's own layout of the failure: the lead's frames as a traceback, then sections."""
-    frames = lead.frames or [_test_frame(item)]
+    frames = lead.frames
+    if lead.hang:  # a hang points at the user's line the rank waits in
+        frames = _without_library_tail(frames)
+    frames = frames or [_test_frame(item)]
     error = _labelled_error(lead.label, lead.message)
     try:
         tb = _traceback(frames, error)
@@ -127,6 +146,15 @@ def _longrepr(item: pytest.Item, lead: RankReport) -> Any:
                 title, _, text = text.partition("\n")
             longrepr.addsection(title.rstrip(":"), stacks.clean_traceback(text))
     return longrepr
+
+
+def _without_library_tail(frames: List[Frame]) -> List[Frame]:
+    """The frames up to the last one of the user's code (not the stdlib's or an installed
+    package's), when there is one."""
+    libraries = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")})
+    last = max((i for i, f in enumerate(frames) if not f.filename.startswith(libraries)),
+               default=None)
+    return frames if last is None else frames[: last + 1]
 
 
 def _labelled_error(label: str, message: str) -> Exception:

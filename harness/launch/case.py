@@ -30,7 +30,9 @@ __tracebackhide__ = True
 
 SUPERVISOR_RANK = -1
 DEBUG_TIMEOUT_S = 7 * 24 * 3600.0  # `--debug-rank`: the timeout waits for the person debugging
-REPORT_MARGIN_S = 5.0  # before a runner's deadline: time to stop the ranks and report
+# Before a runner's deadline, time to stop the ranks (each mode gives a rank about 2 s to
+# dump its stack or unwind) and to report: this much, or 60% of the time left if less.
+REPORT_MARGIN_S = 5.0
 MIN_TIMEOUT_S = 0.1
 
 
@@ -117,7 +119,7 @@ class RankedTestCase(TestCase):
         if self.deadline is None or devices.debug_rank() is not None:
             return
         left = self.deadline - time.monotonic()
-        allowed = math.floor((left - min(REPORT_MARGIN_S, left / 4)) * 10) / 10
+        allowed = math.floor((left - min(REPORT_MARGIN_S, left * 0.6)) * 10) / 10
         self.timeout = max(MIN_TIMEOUT_S, min(self.timeout, allowed))
 
     def attach_rank(self, context: RankContext) -> None:

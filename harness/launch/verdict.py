@@ -13,7 +13,7 @@ import unittest
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from harness.launch import stacks
-from harness.launch.collective_trace import collectives_section, disagreement
+from harness.launch.collective_trace import collectives_section, disagreement, waiting_in
 from harness.launch.report import RankRecord
 from harness.launch.stacks import Frame
 
@@ -36,6 +36,7 @@ class RankReport(NamedTuple):
     message: str
     frames: List[Frame]
     sections: List[Tuple[str, str]]
+    hang: bool = False  # the test timed out: `frames` are where the rank waits
 
 
 class SubtestVerdict(NamedTuple):
@@ -137,13 +138,17 @@ def decide(records: List[RankRecord], timed_out_after: Optional[float]) -> Verdi
         head = f"timed out after {timed_out_after:g} s with {names} still running"
         problems = ordered_problems(failing)
         collectives = ranks_collectives(running)
-        sections = [("", collectives), ("", stacks_section(running))]
+        first = hung_first(running)
+        by_cause = sorted(running, key=lambda r: r is not first)  # the cause's stack first
+        sections = [("", collectives), ("", stacks_section(by_cause))]
         sections += [p.section() for p in problems]
         lead = RankReport(
-            "TimeoutError", head, where(running[0].stack) if running else [],
+            f"rank {first.rank}" if first else "timed out", head,
+            where(first.stack) if first else [],
             [titled(collectives)]
-            + [(f"stack of rank {r.rank}", stopped_stack(r)) for r in running]
+            + [(f"stack of rank {r.rank}", stopped_stack(r)) for r in by_cause]
             + [p.section() for p in problems],
+            hang=True,
         )
         return Verdict("fail", report(head, sections, records), subtests, grid_points, lead)
     if failing:
@@ -211,6 +216,16 @@ def titled(section: str) -> Tuple[str, str]:
     """A section whose first line is its title ("Collectives of each rank:"), split."""
     title, _, text = section.partition("\n")
     return title.rstrip(":"), text
+
+
+def hung_first(running: List[RankRecord]) -> Optional[RankRecord]:
+    """The rank a hang is blamed on: one outside any collective while others wait in one
+    (they wait for it), else the first still running."""
+    known = [r for r in running if r.collectives is not None]
+    outside = [r for r in known if waiting_in(r.collectives or []) is None]
+    if outside and len(outside) < len(known):
+        return outside[0]
+    return running[0] if running else None
 
 
 def ranks_collectives(records: List[RankRecord]) -> str:

@@ -73,6 +73,17 @@ def context(test_module: str) -> Any:
     return ctx
 
 
+def warm_up(test_module: str) -> None:
+    """Start the forkserver for `test_module` and wait until it has preloaded and can fork
+    ranks (a runner does this before a test's own time starts)."""
+    ctx = context(test_module)
+    if devices.start_method() == "forkserver":
+        probe = ctx.Process(target=os.getpid, name="harness-forkserver-probe")
+        probe.start()
+        probe.join()
+        probe.close()
+
+
 def _main_script() -> Optional[str]:
     """The path multiprocessing re-imports in a child as `__main__`, if it is a script."""
     main = sys.modules["__main__"]

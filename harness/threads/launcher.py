@@ -104,7 +104,10 @@ class ThreadRanks(Launcher):
         return False
 
     def _stop_if_running(self) -> None:
-        if any(thread.is_alive() for thread in self.threads):
+        """Stop the ranks if nothing did yet (a rank already told to stop is not waited for
+        twice: a runner's deadline counts on one grace period)."""
+        stopped = any(record.stopped for record in self.records)
+        if not stopped and any(thread.is_alive() for thread in self.threads):
             self._stop()
 
     def _stop(self) -> None:
