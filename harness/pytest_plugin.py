@@ -67,8 +67,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Name the collected modules pytest rewrote, for the forkserver to rewrite them too."""
     modules = {getattr(item, "module", None) for item in session.items}
     names = assert_rewrite.rewritten_by_pytest(modules)
-    if names:
-        os.environ[assert_rewrite.REWRITE_ENV] = ",".join(sorted(names))
+    os.environ[assert_rewrite.REWRITE_ENV] = ",".join(sorted(names))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
