@@ -34,6 +34,8 @@ Harness options (besides unittest's):
   --list            print the selected test ids and exit
   --allow-cpu       run tests written for accelerators on CPU where none exists
                     (sets HARNESS_ALLOW_CPU=1)
+  --debug-rank N    give rank N the terminal, for breakpoint()/pdb; the other ranks and
+                    the timeout wait for it (sets HARNESS_DEBUG_RANK)
 """
 
 
@@ -139,6 +141,8 @@ def run_tests(argv: Optional[Sequence[str]] = None) -> None:
         from harness.testcase import SEED_ENV
 
         os.environ[SEED_ENV] = str(harness_args.seed)
+    if harness_args.debug_rank is not None:
+        os.environ[devices.DEBUG_RANK_ENV] = str(harness_args.debug_rank)
     if harness_args.allow_cpu and os.environ.get(devices.ALLOW_CPU_ENV) != "1":
         os.environ[devices.ALLOW_CPU_ENV] = "1"
         if argv_given is None:
