@@ -75,10 +75,9 @@ def context(test_module: str) -> Any:
 
 def warm_up(test_module: str) -> None:
     """Start the forkserver for `test_module` and wait until it has preloaded and can fork
-    ranks (a runner does this before a test's own time starts)."""
-    ctx = context(test_module)
-    if devices.start_method() == "forkserver":
-        probe = ctx.Process(target=os.getpid, name="harness-forkserver-probe")
+    ranks (a runner does this before a test's own time starts); at once if it runs."""
+    if devices.start_method() == "forkserver" and "forkserver" not in helper_pids():
+        probe = context(test_module).Process(target=os.getpid, name="harness-forkserver-probe")
         probe.start()
         probe.join()
         probe.close()
