@@ -9,6 +9,7 @@ from __future__ import annotations
 import unittest
 from typing import Any, Dict, List, Tuple
 
+from harness.launch.collective_trace import CollectiveCall
 from harness.launch.report import Event, RankRecord, signal_name
 from harness.launch.verdict import (
     OUTPUT_TAIL_LINES,
@@ -185,6 +186,64 @@ class Decide(unittest.TestCase):
                 ),
             ],
         )
+
+
+USER_TB = (
+    "Traceback (most recent call last):\n"
+    '  File "/u/test_x.py", line 7, in test_x\n'
+    "    dist.all_reduce(t)\n"
+)
+RESET = USER_TB + "RuntimeError: [pair.cc:537] Read error: Connection reset by peer\n"
+
+
+class CauseFirst(unittest.TestCase):
+    """A crash or hang report leads with the rank that caused it; the others come after."""
+
+    def test_crash_leads_and_the_peers_reset_is_a_labelled_consequence(self) -> None:
+        records = [
+            done(0, Event(kind="failure", text=RESET), problem_at=1.0),
+            RankRecord(rank=1, exitcode=-6, problem_at=2.0,
+                       stack='  File "/u/test_x.py", line 6, in test_x'),
+        ]
+        verdict = decide(records, None)
+        head, body = verdict.message.split("\n\n", 1)
+        self.assertEqual(
+            head,
+            "rank 1 died by signal SIGABRT; rank 0 raised as a consequence: "
+            "RuntimeError: [pair.cc:537] Read error: Connection reset by peer",
+        )
+        self.assertTrue(body.startswith(
+            "rank 1 died by signal SIGABRT; its stack (most recent call last):\n"
+            '  File "/u/test_x.py", line 6, in test_x\n\nrank 0 raised as a consequence:\n'
+        ), body)
+        lead = verdict.lead
+        self.assertEqual((lead.label, lead.message), ("rank 1", "died by signal SIGABRT"))
+        self.assertEqual([f.lineno for f in lead.frames], [6])
+        self.assertEqual(lead.sections[0][0], "rank 0 raised as a consequence")
+
+    def test_raised_error_leads_with_its_exception_line_and_frames(self) -> None:
+        records = [done(1, Event(kind="failure", text=USER_TB + "ValueError: bad\n"))]
+        lead = decide(records, None).lead
+        self.assertEqual((lead.label, lead.message), ("rank 1", "ValueError: bad"))
+        self.assertEqual([(f.filename, f.lineno, f.name) for f in lead.frames],
+                         [("/u/test_x.py", 7, "test_x")])
+
+    def test_hang_is_blamed_on_the_rank_outside_the_collectives(self) -> None:
+        waiting = [CollectiveCall("all_reduce", "the default group", 2, (), False)]
+        records = [
+            RankRecord(rank=0, stopped=True, stack="s0", collectives=waiting),
+            RankRecord(rank=1, stopped=True, stack='  File "/u/t.py", line 3, in test_x',
+                       collectives=[]),
+        ]
+        verdict = decide(records, 8.0)
+        self.assertEqual(
+            verdict.message.splitlines()[0],
+            "timed out after 8 s with rank 0, rank 1 still running; rank 1 hung first "
+            "(in no collective, the others wait in one)",
+        )
+        self.assertLess(verdict.message.index("stack of rank 1"),
+                        verdict.message.index("stack of rank 0"))
+        self.assertEqual((verdict.lead.label, verdict.lead.hang), ("rank 1", True))
 
 
 class MergeSubtests(unittest.TestCase):

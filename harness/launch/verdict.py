@@ -138,7 +138,9 @@ def decide(records: List[RankRecord], timed_out_after: Optional[float]) -> Verdi
         head = f"timed out after {timed_out_after:g} s with {names} still running"
         problems = ordered_problems(failing)
         collectives = ranks_collectives(running)
-        first = hung_first(running)
+        first, blamed = hung_first(running)
+        if blamed:
+            head += f"; rank {first.rank} hung first (in no collective, the others wait in one)"
         by_cause = sorted(running, key=lambda r: r is not first)  # the cause's stack first
         sections = [("", collectives), ("", stacks_section(by_cause))]
         sections += [p.section() for p in problems]
@@ -218,14 +220,14 @@ def titled(section: str) -> Tuple[str, str]:
     return title.rstrip(":"), text
 
 
-def hung_first(running: List[RankRecord]) -> Optional[RankRecord]:
-    """The rank a hang is blamed on: one outside any collective while others wait in one
-    (they wait for it), else the first still running."""
+def hung_first(running: List[RankRecord]) -> Tuple[Any, bool]:
+    """The rank a hang's report leads with, and whether it is to blame: one outside any
+    collective while others wait in one (they wait for it); else the first still running."""
     known = [r for r in running if r.collectives is not None]
     outside = [r for r in known if waiting_in(r.collectives or []) is None]
     if outside and len(outside) < len(known):
-        return outside[0]
-    return running[0] if running else None
+        return outside[0], True
+    return (running[0] if running else None), False
 
 
 def ranks_collectives(records: List[RankRecord]) -> str:
