@@ -5,7 +5,8 @@
 
 Exit code: 0 when nothing failed, 1 when a test failed, 2 on bad input. Under
 `torchrun --nproc-per-node N run_all.py ...` each process is one rank and rank 0 reports.
-The command line lives in harness/runner/cli.py, the engine in harness/runner/engine.py.
+It is `python -m harness` (the installed `torch-dist-harness`) over test_cases/; the command
+line lives in harness/runner/cli.py, the engine in harness/runner/engine.py.
 """
 
 import sys

@@ -460,6 +460,25 @@ class skipCUDAIf(skipIf):  # noqa: N801 - upstream's name
         super().__init__(dep, reason, device_type="cuda")
 
 
+class skipXPUIf(skipIf):  # noqa: N801 - upstream's name
+    """Skip in the XPU class if `dep` holds."""
+
+    def __init__(self, dep: Union[bool, str], reason: str) -> None:
+        super().__init__(dep, reason, device_type="xpu")
+
+
+class skipMetaIf(skipIf):  # noqa: N801 - upstream's name
+    """Skip in the meta class if `dep` holds."""
+
+    def __init__(self, dep: Union[bool, str], reason: str) -> None:
+        super().__init__(dep, reason, device_type="meta")
+
+
+def skipMeta(fn: Callable) -> Callable:  # noqa: N802 - upstream's name
+    """Skip in the meta class: the test needs real data."""
+    return skipMetaIf(True, "test doesn't work with meta tensors")(fn)
+
+
 class deviceCountAtLeast:  # noqa: N801 - upstream's name
     """The test receives `devices` (every device of its type) and needs at least n of them."""
 

@@ -69,7 +69,31 @@ PRIVATE = "torch.testing._internal"
 # is a different thing.
 MIRRORED = frozenset(f"{PRIVATE}.{module}" for module in (
     "common_cuda", "common_device_type", "common_distributed", "common_fsdp", "common_utils",
-    "distributed._tensor.common_dtensor", "distributed.checkpoint_utils"))
+    "distributed._tensor.common_dtensor", "distributed.checkpoint_utils", "inductor_utils",
+    "triton_utils"))
+# Upstream modules mirrored by a harness module of their own. Their names move to
+# `from harness import ...` where `harness` exports the same object, else (a name `harness`
+# exports for another module, such as the sharded-tensor `with_comms`) to that module.
+HOMES = {f"{PRIVATE}.{module}": home for module, home in (
+    ("distributed.fake_pg", "harness.kit.fake_pg"),
+    ("distributed._shard.sharded_tensor", "harness.kit.sharded_tensor"),
+    ("distributed._shard.sharded_tensor._test_st_common", "harness.kit.sharded_tensor"),
+    ("distributed._shard.sharded_tensor._test_ops_common", "harness.kit.sharded_tensor"),
+    ("distributed._shard.test_common", "harness.kit.sharded_tensor"),
+    ("distributed.common_state_dict", "harness.kit.state_dict"),
+    ("distributed.distributed_utils", "harness.kit.mock_pg"),
+    ("common_dist_composable", "harness.kit.composable_models"),
+)}
+# Upstream's own test suites, which some files import to re-run them: not harness API. Such
+# imports stay private, are reported with SUITE_REASON, and do not fail the command.
+SUITES = tuple(f"{PRIVATE}.{module}" for module in (
+    "distributed.rpc", "distributed.rpc_utils", "distributed.distributed_test",
+    "distributed.ddp_under_dist_autograd_test", "distributed.nn.api.remote_module_test",
+    "distributed.pipe_with_ddp_test", "common_methods_invocations", "opinfo",
+    "common_ops_unbacked"))
+SUITE_NAMES = frozenset({(f"{PRIVATE}.common_device_type", "ops"),
+                         (f"{PRIVATE}.common_device_type", "OpDTypes")})
+SUITE_REASON = "upstream's own test suite, not harness API"
 MAX_LINE = 100
 SKIP_DIRS = ("__pycache__",)
 
@@ -83,6 +107,47 @@ def harness_names() -> frozenset:
     import harness
 
     return frozenset(name for name in harness.__all__ if hasattr(harness, name))
+
+
+@dataclass(frozen=True)
+class Provided:
+    """What the harness provides: the names `harness` exports and, per upstream module with a
+    harness module of its own, that module and the names it holds (and, of those, the ones
+    `harness` exports as something else)."""
+
+    names: frozenset
+    homes: Dict[str, Tuple[str, frozenset, frozenset]] = field(default_factory=dict)
+
+    def target(self, module: str, name: str) -> Optional[str]:
+        """The harness module `from module import name` moves to; None: it stays."""
+        home = self.homes.get(module)
+        if home is not None:
+            home_module, held, shadowed = home
+            if name in held:
+                return "harness" if name in self.names and name not in shadowed else home_module
+            return None
+        return "harness" if module in MIRRORED and name in self.names else None
+
+
+def provided() -> Provided:
+    """Read at run time from `harness` and its modules, so that new names map at once."""
+    import importlib
+
+    import harness
+
+    homes: Dict[str, Tuple[str, frozenset, frozenset]] = {}
+    for module, home in HOMES.items():
+        loaded = importlib.import_module(home)
+        held = frozenset(n for n in getattr(loaded, "__all__", ()) if hasattr(loaded, n))
+        shadowed = frozenset(n for n in held if getattr(harness, n, None) is not getattr(loaded, n))
+        homes[module] = (home, held, shadowed)
+    return Provided(harness_names(), homes)
+
+
+def is_suite(module: str, name: Optional[str] = None) -> bool:
+    """Whether an import is of upstream's own test suites (stays private, does not fail)."""
+    return (module, name) in SUITE_NAMES or any(
+        module == suite or module.startswith(suite + ".") for suite in SUITES)
 
 
 @dataclass
@@ -129,6 +194,11 @@ class FileResult:
     new_source: Optional[str] = None
     encoding: str = "utf-8"
     error: Optional[str] = None
+
+    @property
+    def suites(self) -> List[str]:
+        """The private imports left that are upstream's own test suites (not harness API)."""
+        return [label for label in self.left if label.endswith(f"({SUITE_REASON})")]
 
 
 def is_private_module(module: Optional[str]) -> bool:
@@ -346,15 +416,73 @@ def _blocks(tree: ast.Module) -> Iterator[Tuple[List[ast.stmt], bool]]:
 
 def _left_label(module: str, name: str) -> str:
     if is_submodule(module, name):
-        return f"{module}.{name} (module import)"
-    return f"{module}.{name}"
+        label = f"{module}.{name} (module import)"
+    else:
+        label = f"{module}.{name}"
+    return f"{label} ({SUITE_REASON})" if is_suite(module, name) else label
 
 
-def migrate_source(text: str, names: frozenset) -> Tuple[str, List[str], List[str]]:
+def _alias_uses(tree: ast.Module) -> Dict[str, Optional[frozenset]]:
+    """Per name bound in the file, the attributes read from it; None where the name is also
+    used otherwise (passed, called, assigned), so that what it must provide is unknown."""
+    attributes: Dict[str, set] = {}
+    opaque: set = set()
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            attributes.setdefault(node.value.id, set()).add(node.attr)
+            inside.add(id(node.value))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and id(node) not in inside:
+            opaque.add(node.id)
+    names = set(attributes) | opaque
+    return {n: None if n in opaque else frozenset(attributes.get(n, ())) for n in names}
+
+
+def _alias_target(module: str, used: Optional[frozenset], known: Provided) -> Optional[str]:
+    """The harness module that can stand in for `import <module> as alias`: one that provides
+    every attribute the file reads from the alias under the same name."""
+    if used is None:
+        return None
+    targets = {known.target(module, attribute) for attribute in used}
+    if None in targets:
+        return None
+    if len(targets) > 1:
+        home = known.homes.get(module)
+        return home[0] if home and all(a in home[1] for a in used) else None
+    return targets.pop() if targets else ("harness" if module in MIRRORED else (
+        known.homes[module][0] if module in known.homes else None))
+
+
+def _plan_module_import(source: Source, node: ast.Import, uses: Dict[str, Optional[frozenset]],
+                        known: Provided, moved: List[Tuple[int, str]],
+                        left: List[Tuple[int, str]]) -> Optional[Tuple[int, int, str]]:
+    """`import torch.testing._internal.X as alias`, alone in its statement, becomes
+    `import <harness module> as alias` when that module provides all the file reads from it."""
+    private = [a for a in node.names if is_private_module(a.name)]
+    if not private:
+        return None
+    alias = node.names[0]
+    target = None
+    if len(node.names) == 1 and alias.asname:
+        target = _alias_target(alias.name, uses.get(alias.asname, frozenset()), known)
+    if target is None:
+        left.extend((node.lineno, _left_label(*a.name.rsplit(".", 1))) for a in private)
+        return None
+    assert node.end_lineno is not None and node.end_col_offset is not None
+    start = source.offset(node.lineno, node.col_offset)
+    end = source.offset(node.end_lineno, node.end_col_offset)
+    moved.append((node.lineno, f"{alias.name} as {alias.asname}"))
+    return start, end, f"import {target} as {alias.asname}"
+
+
+def migrate_source(text: str, names: frozenset | Provided) -> Tuple[str, List[str], List[str]]:
     """The migrated text, the names moved (as imported) and the private imports left.
     Raises SyntaxError/ValueError when the text does not parse."""
+    known = names if isinstance(names, Provided) else Provided(frozenset(names))
     tree = ast.parse(text)
     source = Source(text)
+    uses = _alias_uses(tree)
     edits: List[Tuple[int, int, str]] = []
     moved: List[Tuple[int, str]] = []
     left: List[Tuple[int, str]] = []
@@ -363,8 +491,9 @@ def migrate_source(text: str, names: frozenset) -> Tuple[str, List[str], List[st
         existing: Optional[Statement] = None
         for index, node in enumerate(block):
             if isinstance(node, ast.Import):
-                left += [(node.lineno, f"{a.name} (module import)") for a in node.names
-                         if is_private_module(a.name)]
+                edit = _plan_module_import(source, node, uses, known, moved, left)
+                if edit is not None:
+                    edits.append(edit)
                 continue
             if not isinstance(node, ast.ImportFrom) or node.level:
                 continue
@@ -386,12 +515,12 @@ def migrate_source(text: str, names: frozenset) -> Tuple[str, List[str], List[st
                 if top and alone and existing is None:
                     existing = statement
                 continue
-            mapped, kept = _split(statement, names)
+            mapped, kept = _split(statement, known)
             left += [(node.lineno, _left_label(statement.module, e.name)) for e in kept]
             if mapped:
                 privates.append(statement)
         if privates:
-            edits += _plan_block(source, privates, existing, block, names, moved)
+            edits += _plan_block(source, privates, existing, block, known, moved)
     new_text = text
     for start, end, replacement in sorted(edits, reverse=True):
         new_text = new_text[:start] + replacement + new_text[end:]
@@ -399,18 +528,34 @@ def migrate_source(text: str, names: frozenset) -> Tuple[str, List[str], List[st
     return new_text, [text for _, text in by_line[0]], [text for _, text in by_line[1]]
 
 
-def _split(statement: Statement, names: frozenset) -> Tuple[List[Entry], List[Entry]]:
-    """The statement's entries the harness provides, and the others."""
-    mapped: List[Entry] = []
+def _split(statement: Statement, known: Provided) -> Tuple[List[Tuple[str, Entry]], List[Entry]]:
+    """The statement's entries the harness provides (with the harness module each moves to),
+    and the others."""
+    mapped: List[Tuple[str, Entry]] = []
     kept: List[Entry] = []
     for entry in statement.entries:
-        provided = statement.module in MIRRORED and entry.name in names
-        (mapped if provided else kept).append(entry)
+        target = known.target(statement.module, entry.name)
+        if target is None:
+            kept.append(entry)
+        else:
+            mapped.append((target, entry))
     return mapped, kept
 
 
+def _render_targets(indent: str, targets: Dict[str, List[Entry]], order: Optional[Callable],
+                    newline: str) -> str:
+    """One `from <harness module> import ...` per module other than `harness` itself."""
+    text = ""
+    for module in sorted(targets):
+        entries = _merge([targets[module]])
+        if order is not None:
+            entries = sorted(entries, key=order)
+        text += render(indent, module, entries, newline)
+    return text
+
+
 def _plan_block(source: Source, privates: List[Statement], existing: Optional[Statement],
-                block: List[ast.stmt], names: frozenset,
+                block: List[ast.stmt], known: Provided,
                 moved: List[Tuple[int, str]]) -> List[Tuple[int, int, str]]:
     """The edits for one block: inline statements in place, the others merged."""
     nl = source.newline
@@ -419,30 +564,42 @@ def _plan_block(source: Source, privates: List[Statement], existing: Optional[St
     for statement in privates:
         if statement.alone:
             continue
-        mapped, kept = _split(statement, names)
-        moved += [(statement.node.lineno, e.text) for e in mapped]
-        text = render("", "harness", mapped, nl).rstrip("\r\n")
+        mapped, kept = _split(statement, known)
+        moved += [(statement.node.lineno, e.text) for _, e in mapped]
+        by_target: Dict[str, List[Entry]] = {}
+        for target, entry in mapped:
+            by_target.setdefault(target, []).append(entry)
+        parts = [render("", module, entries, nl).rstrip("\r\n")
+                 for module, entries in sorted(by_target.items(), key=lambda i: i[0] != "harness")]
         if kept:
-            text += "; " + render("", statement.module, kept, nl).rstrip("\r\n")
-        edits.append((statement.start, statement.end, text))
+            parts.append(render("", statement.module, kept, nl).rstrip("\r\n"))
+        edits.append((statement.start, statement.end, "; ".join(parts)))
     if not group:
         return edits
     first = group[0].index
     if existing is not None and existing.index > first and not all(
             isinstance(node, (ast.Import, ast.ImportFrom)) for node in block[first:existing.index]):
         existing = None  # code between them might use the names before the harness import
-    splits = [_split(s, names) for s in group]
+    splits = [_split(s, known) for s in group]
     lists = [s.entries for s in group] + ([existing.entries] if existing else [])
     order = _choose_order([entries for entries in lists if len(entries) > 1])
-    combined = _merge(([existing.entries] if existing else []) + [m for m, _ in splits])
+    to_harness = [[e for t, e in mapped if t == "harness"] for mapped, _ in splits]
+    elsewhere: Dict[str, List[Entry]] = {}
+    for mapped, _ in splits:
+        for target, entry in mapped:
+            if target != "harness":
+                elsewhere.setdefault(target, []).append(entry)
+    combined = _merge(([existing.entries] if existing else []) + to_harness)
     if order is not None:
         combined = sorted(combined, key=order)
-    moved += [(s.node.lineno, e.text) for s, (mapped, _) in zip(group, splits) for e in mapped]
+    moved += [(s.node.lineno, e.text) for s, (mapped, _) in zip(group, splits) for _, e in mapped]
     anchor = existing or group[0]
-    harness_text = render(anchor.indent, "harness", combined, nl,
-                          existing.multiline if existing else False)
-    if not source.text[anchor.start:anchor.end].endswith(("\n", "\r")):
-        harness_text = harness_text.rstrip("\r\n")
+    harness_text = ""
+    if combined:
+        harness_text = render(anchor.indent, "harness", combined, nl,
+                              existing.multiline if existing else False)
+        if not source.text[anchor.start:anchor.end].endswith(("\n", "\r")):
+            harness_text = harness_text.rstrip("\r\n")
     if existing is not None and len(combined) > len(existing.entries):
         edits.append((existing.start, existing.end, harness_text))
     for position, (statement, (_, kept)) in enumerate(zip(group, splits)):
@@ -451,8 +608,14 @@ def _plan_block(source: Source, privates: List[Statement], existing: Optional[St
             text = render(statement.indent, statement.module, kept, nl, statement.multiline)
             if not source.text[statement.start:statement.end].endswith(("\n", "\r")):
                 text = text.rstrip("\r\n")
-        if existing is None and position == 0:
-            text = harness_text + (nl if kept and not harness_text.endswith(nl) else "") + text
+        if position == 0:
+            head = harness_text if existing is None else ""
+            if head and not head.endswith(nl):
+                head += nl
+            head += _render_targets(statement.indent, elsewhere, order, nl)
+            if not text and not source.text[statement.start:statement.end].endswith(("\n", "\r")):
+                head = head.rstrip("\r\n")
+            text = head + text
         edits.append((statement.start, statement.end, text))
     return edits
 
@@ -494,7 +657,7 @@ def _read(path: str) -> Tuple[str, str]:
     return data.decode(encoding), encoding
 
 
-def migrate_file(path: str, names: frozenset) -> FileResult:
+def migrate_file(path: str, names: frozenset | Provided) -> FileResult:
     """Work out one file's migration without writing it."""
     result = FileResult(path)
     try:
@@ -581,8 +744,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for line in str(error).splitlines():
             print(f"{parser.prog}: error: {line}", file=sys.stderr)
         return 2
-    names = harness_names()
-    results = [migrate_file(path, names) for path in files]
+    known = provided()
+    results = [migrate_file(path, known) for path in files]
     failed = False
     for result in results:
         if result.new_source is not None and not args.check:
@@ -596,10 +759,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(line)
         failed = failed or result.error is not None
     changed = sum(r.new_source is not None and r.error is None for r in results)
-    left = sum(len(r.left) for r in results)
+    left = sum(len(r.left) - len(r.suites) for r in results)
+    suites = sum(len(r.suites) for r in results)
     errors = sum(r.error is not None for r in results)
     summary = (f"migrate: {changed} files {'would change' if args.check else 'changed'}, "
                f"{len(results) - changed} unchanged, {left} private imports left")
+    if suites:
+        summary += f", {suites} imports of upstream's own test suites kept"
     if errors:
         summary += f", {errors} not migrated"
     print(summary)

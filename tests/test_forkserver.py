@@ -1,5 +1,6 @@
 """harness.process.forkserver: a runner stops the helpers it started; a killed runner's forkserver
-cleans up after it.
+cleans up after it; test code that starts ranks when imported (no main guard) ends the run with
+one line instead of a chain of forkservers.
 
 Each test runs a small script (written to a temp dir) in a fresh interpreter with a private
 TMPDIR, because the forkserver and resource tracker are per process.
@@ -17,7 +18,9 @@ import textwrap
 import time
 import unittest
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
+
+import pytest
 
 from tests.fixtures import child_env
 
@@ -131,6 +134,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 class ForkserverLifetime(unittest.TestCase):
     def setUp(self) -> None:
         self.tmp = self.temp_dir()
@@ -209,6 +213,104 @@ class ForkserverLifetime(unittest.TestCase):
                 self.assertEqual([pid for pid in pids if alive(pid)], [])
                 self.assertEqual(list(self.tmp.iterdir()), [])
             time.sleep(0.05)
+
+
+# A user's first try: tests and the call that runs them, without `if __name__ == "__main__":`.
+UNGUARDED_CLASS = """
+import sys
+import unittest
+
+from harness import MultiProcessTestCase, run_tests
+
+
+class TestNoGuard(MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_one(self):
+        pass
+
+    def test_two(self):
+        pass
+
+"""
+GUARD_MESSAGE = 'put the code that runs its tests under `if __name__ == "__main__":`'
+MAX_PROCESSES = 2 + 2  # world size + 2: runner, forkserver or resource tracker, ranks
+
+
+def session_processes(sid: int) -> List[int]:
+    """The live (not zombie) processes of session `sid`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if entry.isdigit() and fields[0] != "Z" and int(fields[3]) == sid:
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.slow
+@unittest.skipUnless(os.path.isdir("/proc/self"), "counts processes through /proc (Linux)")
+class MissingMainGuard(unittest.TestCase):
+    """Test code that starts ranks when it is imported would start them again in the forkserver
+    importing it and in every rank (without end: each forkserver starts the next); the run ends
+    at once instead, with one line naming the missing guard, exit code 2, nothing left."""
+
+    def run_unguarded(self, args: List[str], source: str, extra_env: Dict[str, str]) -> str:
+        """Run `source` (written as test_noguard.py) with `args`; return its stderr."""
+        tmp, folder = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())
+        self.addCleanup(lambda: os.rmdir(tmp))  # empty: nothing the run wrote is left
+        self.addCleanup(lambda: subprocess.run(["rm", "-rf", str(folder)], check=True))
+        (folder / "test_noguard.py").write_text(source)
+        env = child_env({"TMPDIR": str(tmp), **extra_env})
+        env["PYTHONPATH"] = os.pathsep.join([str(folder), env["PYTHONPATH"]])
+        proc = subprocess.Popen(
+            [sys.executable, *args], cwd=folder, env=env, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self.addCleanup(lambda: [os.kill(p, signal.SIGKILL) for p in session_processes(proc.pid)])
+        most, deadline = 0, time.monotonic() + WAIT_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            most = max(most, len(session_processes(proc.pid)))
+            time.sleep(0.01)
+        out, err = proc.communicate(timeout=WAIT_S)
+        time.sleep(0.5)  # what the run started has exited with it
+        self.assertEqual(session_processes(proc.pid), [], "processes left running")
+        self.assertEqual(proc.returncode, 2, err)
+        self.assertLessEqual(most, MAX_PROCESSES)
+        self.assertEqual(out, "")
+        self.assertEqual(len(err.splitlines()), 1, err)
+        self.assertIn(GUARD_MESSAGE, err)
+        self.assertIn("test_noguard.py", err)
+        return err
+
+    def test_script_that_runs_tests_on_import(self) -> None:
+        self.run_unguarded(["test_noguard.py"], UNGUARDED_CLASS + "run_tests()\n", {})
+
+    def test_script_calling_unittest_main_on_import(self) -> None:
+        self.run_unguarded(["test_noguard.py"], UNGUARDED_CLASS + "unittest.main()\n", {})
+
+    def test_spawned_ranks_importing_the_script(self) -> None:
+        self.run_unguarded(
+            ["test_noguard.py"], UNGUARDED_CLASS + "run_tests()\n",
+            {"HARNESS_START_METHOD": "spawn"},
+        )
+
+    def test_module_imported_by_name_that_runs_its_tests(self) -> None:
+        """Imported by a runner (here `python -m unittest`), the module is preloaded by name in
+        the forkserver, whose own run of it started the next forkserver, and so on."""
+        source = UNGUARDED_CLASS + (
+            "unittest.main(module=__name__, argv=[sys.argv[0], 'TestNoGuard'], exit=False)\n"
+        )
+        self.run_unguarded(["-m", "unittest", "test_noguard"], source, {})
 
 
 if __name__ == "__main__":

@@ -1,18 +1,30 @@
 """harness.runner.junit: one <testcase> per test, failing grid points folded into it the same
-way as in the summary (records.GridFold), and records built elsewhere reported as given."""
+way as in the summary (records.GridFold), and records built elsewhere reported as given; each
+finished test's record on disk at once (atomically), the closing XML unchanged by that."""
 
 from __future__ import annotations
 
 import io
+import os
+import signal
+import subprocess
+import sys
 import tempfile
+import textwrap
+import time
 import unittest
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List
+
+import pytest
 
 from harness.runner.junit import junit_result_class, stand_in_for, xml_runner
 from harness.runner.records import RunRecord
+from tests.fixtures import child_env
 from tests.test_records import _grid_cases, collect
+
+WAIT_S = 240.0
 
 
 def junit_cases(*tests: unittest.TestCase, records: tuple = ()) -> Dict[str, ET.Element]:
@@ -75,6 +87,115 @@ class RecordsInXml(unittest.TestCase):
         error = junit_cases(records=(record,))["setUpClass"].find("error")
         self.assertEqual((error.get("type"), error.get("message")), ("RuntimeError", "boom: no"))
         self.assertIn("Traceback\nboom: no", error.text)
+
+
+def _steps() -> type:
+    """Three tests the tests below run (made here so that no loader collects them)."""
+
+    class Steps(unittest.TestCase):
+        def test_a(self) -> None:
+            pass
+
+        def test_b(self) -> None:
+            self.fail("b failed")
+
+        def test_c(self) -> None:
+            self.skipTest("c skipped")
+
+    return Steps
+
+
+
+
+def xml_testcase_names(folder: Path) -> List[str]:
+    return [
+        case.get("name")
+        for path in sorted(folder.glob("TEST-*.xml"))
+        for case in ET.parse(path).getroot().iter("testcase")
+    ]
+
+
+class WrittenAsTestsFinish(unittest.TestCase):
+    def setUp(self) -> None:
+        folder = tempfile.TemporaryDirectory()
+        self.addCleanup(folder.cleanup)
+        self.folder = Path(folder.name)
+
+    def test_each_finished_test_is_on_disk_before_the_next_starts(self) -> None:
+        result = junit_result_class()(io.StringIO(), verbosity=0)
+        result.write_each_test_to(str(self.folder / "xml"))
+        steps, seen = _steps(), []
+        for name in ("test_a", "test_b", "test_c"):
+            steps(name).run(result)
+            seen.append(xml_testcase_names(self.folder / "xml"))
+        self.assertEqual(seen, [["test_a"], ["test_a", "test_b"], ["test_a", "test_b", "test_c"]])
+        self.assertEqual(os.listdir(self.folder / "xml"), [f"TEST-{steps.__module__}.Steps.xml"])
+
+    def test_the_closing_xml_is_xmlrunners_own(self) -> None:
+        """The files written at the end equal, byte for byte, those xmlrunner itself writes."""
+        from xmlrunner.result import _XMLTestResult
+
+        result = junit_result_class()(io.StringIO(), verbosity=0)
+        result.write_each_test_to(str(self.folder / "each"))
+        steps = _steps()
+        unittest.TestSuite([steps(n) for n in ("test_a", "test_b", "test_c")]).run(result)
+        result.generate_reports(xml_runner(str(self.folder / "ours")))
+        _XMLTestResult.generate_reports(result, xml_runner(str(self.folder / "xmlrunner")))
+        written = {
+            folder: {p.name: p.read_bytes() for p in (self.folder / folder).iterdir()}
+            for folder in ("each", "ours", "xmlrunner")
+        }
+        self.assertEqual(written["ours"], written["xmlrunner"])
+        self.assertEqual(written["each"], written["xmlrunner"])
+
+
+SLOW_THIRD = """
+import time
+import unittest
+
+from harness import run_tests
+
+
+class TestSteps(unittest.TestCase):
+    def test_1_passes(self):
+        pass
+
+    def test_2_fails(self):
+        self.fail("as planned")
+
+    def test_3_sleeps(self):
+        time.sleep(600)
+
+
+if __name__ == "__main__":
+    run_tests()
+"""
+
+
+@pytest.mark.slow
+class KilledRun(unittest.TestCase):
+    def test_sigkill_keeps_the_tests_that_finished(self) -> None:
+        """CI kills a run past its timeout with SIGKILL: the XML still has every finished test."""
+        folder = Path(tempfile.mkdtemp())
+        self.addCleanup(lambda: subprocess.run(["rm", "-rf", str(folder)], check=True))
+        (folder / "test_steps.py").write_text(textwrap.dedent(SLOW_THIRD))
+        proc = subprocess.Popen(
+            [sys.executable, "test_steps.py", "--save-xml", "xml"], cwd=folder, env=child_env(),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        self.addCleanup(proc.wait)
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        deadline = time.monotonic() + WAIT_S
+        while xml_testcase_names(folder / "xml") != ["test_1_passes", "test_2_fails"]:
+            self.assertIsNone(proc.poll(), "the run ended before its third test")
+            self.assertLess(time.monotonic(), deadline, "no XML for the first two tests")
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        [path] = (folder / "xml").glob("TEST-*.xml")
+        cases = {case.get("name"): case for case in ET.parse(path).getroot().iter("testcase")}
+        self.assertEqual(list(cases), ["test_1_passes", "test_2_fails"])
+        self.assertEqual(cases["test_2_fails"].find("failure").get("message"), "as planned")
 
 
 if __name__ == "__main__":

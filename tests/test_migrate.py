@@ -10,6 +10,8 @@ not depend on that list (exit codes, --check, bad input, every provided name mov
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
 import os
 import stat
 import subprocess
@@ -20,7 +22,7 @@ import unittest
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from harness.migrate import migrate_source
+from harness.migrate import Provided, main, migrate_source
 from tests.fixtures import REPO, child_env
 
 # What the child's harness provides in the exact before/after tests.
@@ -722,6 +724,7 @@ class TestRewriteRules(unittest.TestCase):
             from torch.testing._internal.distributed import checkpoint_utils
             from torch.testing._internal.common_fsdp import *
             from torch.testing._internal.common_utils import run_tests
+            common_utils.TEST_HPU
             ''')
         new, moved, left = migrate_source(text, PROVIDED)
         self.assertEqual(new, text.replace("torch.testing._internal.common_utils import run_tests",
@@ -746,6 +749,77 @@ class TestRewriteRules(unittest.TestCase):
                 "    with_comms,\n)\n")
         self.assertEqual(migrate_source(text, PROVIDED), (text, [], [
             "torch.testing._internal.distributed._shard.sharded_tensor.with_comms"]))
+
+    def test_module_alias_moves_when_every_attribute_read_is_provided(self) -> None:
+        self.assertRewrites(
+            "import torch.testing._internal.common_utils as common\n"
+            "def test():\n    common.run_tests()\n    return common.TestCase\n",
+            "import harness as common\n"
+            "def test():\n    common.run_tests()\n    return common.TestCase\n")
+
+    def test_module_alias_stays_when_an_attribute_is_missing_or_it_is_passed_around(self) -> None:
+        for use in ("common.run_tests()\ncommon.TEST_HPU\n", "helper(common)\n"):
+            with self.subTest(use=use):
+                text = "import torch.testing._internal.common_utils as common\n" + use
+                self.assertEqual(migrate_source(text, PROVIDED), (text, [], [
+                    "torch.testing._internal.common_utils (module import)"]))
+
+    def test_a_module_of_its_own_takes_the_names_harness_exports_for_another(self) -> None:
+        sharded = "torch.testing._internal.distributed._shard.sharded_tensor"
+        known = Provided(PROVIDED | {"ShardedTensorTestBase"}, {
+            sharded: ("harness.kit.sharded_tensor",
+                      frozenset({"ShardedTensorTestBase", "with_comms"}),
+                      frozenset({"with_comms"}))})
+        text = textwrap.dedent(f'''\
+            from torch.testing._internal.common_utils import run_tests
+            from {sharded} import (
+                ShardedTensorTestBase,
+                with_comms,
+                TEST_GPU_NUM,
+            )
+            ''')
+        new, moved, left = migrate_source(text, known)
+        self.assertEqual(new, textwrap.dedent(f'''\
+            from harness import run_tests, ShardedTensorTestBase
+            from harness.kit.sharded_tensor import with_comms
+            from {sharded} import (
+                TEST_GPU_NUM,
+            )
+            '''))
+        self.assertEqual(moved, ["run_tests", "ShardedTensorTestBase", "with_comms"])
+        self.assertEqual(left, [f"{sharded}.TEST_GPU_NUM"])
+        self.assertEqual(migrate_source(new, known)[0], new, "not idempotent")
+
+    def test_upstream_test_suites_stay_with_their_reason(self) -> None:
+        text = ("from torch.testing._internal.common_methods_invocations import op_db\n"
+                "from torch.testing._internal.common_device_type import ops\n"
+                "from torch.testing._internal.distributed.rpc_utils import generate_tests\n")
+        reason = "(upstream's own test suite, not harness API)"
+        self.assertEqual(migrate_source(text, PROVIDED)[2], [
+            f"torch.testing._internal.common_methods_invocations.op_db {reason}",
+            f"torch.testing._internal.common_device_type.ops {reason}",
+            f"torch.testing._internal.distributed.rpc_utils.generate_tests {reason}",
+        ])
+
+    def test_check_passes_a_file_whose_private_imports_are_all_upstream_test_suites(self) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "test_ops.py"
+            path.write_text("from torch.testing._internal.common_methods_invocations import "
+                            "op_db\nfrom harness import run_tests\n")
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                code = main(["--check", str(path)])
+            self.assertEqual(code, 0, out.getvalue())
+            self.assertEqual(out.getvalue().splitlines(), [
+                f"{path}: left 1: torch.testing._internal.common_methods_invocations.op_db "
+                "(upstream's own test suite, not harness API)",
+                "migrate: 0 files would change, 1 unchanged, 0 private imports left, "
+                "1 imports of upstream's own test suites kept"])
+            out = io.StringIO()
+            path.write_text(path.read_text() + "from torch.testing._internal.common_utils "
+                            "import TEST_NOT_A_NAME\n")
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(main(["--check", str(path)]), 1)
 
     def test_unparsable_text_raises_syntax_error(self) -> None:
         with self.assertRaises(SyntaxError):

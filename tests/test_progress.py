@@ -35,6 +35,16 @@ class ProgressTest(unittest.TestCase):
         progress.finish(RunRecord("mod.Class.test_slow", "mod", "failed", "boom"))
         self.assertIn("FAIL  mod.Class.test_slow", out.getvalue())
 
+    def test_verbose_lines_give_a_skips_reason(self) -> None:
+        out = io.StringIO()
+        progress = Progress(2, out, verbosity=2, interval=30.0)
+        progress.finish(RunRecord("mod.C.test_a", "mod", "skipped", "needs 2 GPUs", duration=0.5))
+        progress.finish(RunRecord("mod.C.test_b", "mod", "passed"))
+        self.assertEqual(out.getvalue().splitlines(), [
+            "[1/2] skip  mod.C.test_a (0.50s): needs 2 GPUs",
+            "[2/2] ok    mod.C.test_b (0.00s)",
+        ])
+
     def test_its_thread_leaves_stop_signals_to_the_main_thread(self) -> None:
         """A Ctrl-C the kernel handed to the progress thread went unnoticed while the main
         thread slept in a test (seen once in CI as a run that ignored SIGINT)."""

@@ -69,10 +69,14 @@ class TestRunTestsFlags(unittest.TestCase):
         self.assertIn("test_two (__main__.TestPasses.test_two) ... ok", proc.stderr)
         self.assertIn("Ran 1 test", proc.stderr)
 
-    def test_list_prints_selected_ids(self) -> None:
+    def test_list_prints_selected_ids_that_the_file_takes_back(self) -> None:
         proc = run_file("runner_pass.py", "--list", "-k", "test_t")
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertEqual(proc.stdout.split(), ["__main__.TestPasses.test_two"])
+        self.assertEqual(proc.stdout.split(), ["TestPasses.test_two"])
+        again = run_file("runner_pass.py", "-v", *proc.stdout.split())
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertIn("test_two (__main__.TestPasses.test_two) ... ok", again.stderr)
+        self.assertIn("Ran 1 test", again.stderr)
 
     def test_repeat_runs_each_test_n_times(self) -> None:
         proc = run_file("runner_pass.py", "--repeat", "3", "-k", "test_one")

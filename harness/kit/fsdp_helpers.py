@@ -138,6 +138,16 @@ class _CompletedWork:
         return future
 
 
+def _move_to_device(model: nn.Module, move_to_device: bool) -> nn.Module:
+    """The model on the FSDP tests' device type when `move_to_device`, else unchanged."""
+    return model.to(get_devtype()) if move_to_device else model
+
+
+def _maybe_wrap_fsdp(model: nn.Module, wrap_fsdp: bool, *args: Any, **kwargs: Any) -> nn.Module:
+    """The model wrapped in FSDP1 (with the arguments given) when `wrap_fsdp`, else as is."""
+    return FSDP(model, *args, **kwargs) if wrap_fsdp else model
+
+
 class DummyProcessGroup:
     """A stand-in process group of a given rank and size whose ``allreduce`` completes at once
     without communicating: for unit tests of code (communication hooks, state) that only asks a

@@ -9,14 +9,24 @@ Python's forkserver is meant to preload the script that runs as `__main__` too, 
 at least Python 3.12 the script's path never reaches it, so every rank would import the
 script again (for a suite run as `python test_x.py`: the suite and all it imports, per rank,
 per test). So harness/process/forkserver_main.py is preloaded last: imported in the forkserver
-while MAIN_PATH_ENV names the script, it loads the script the way multiprocessing loads it
-in a child, and forked ranks find it already imported. (Last, so that the script's own
-imports of `harness` find the package fully initialised.)
+while MODULES_ENV names the test modules and MAIN_PATH_ENV the script, it imports them (the
+script the way multiprocessing loads it in a child), and forked ranks find them imported.
+(Last, so that the test code's own imports of `harness` find the package fully initialised.)
+
+A script that starts ranks when it is imported (no `if __name__ == "__main__":` guard) would
+start them again in the forkserver preloading it, or in a rank importing it, and so on without
+end. `check_not_bootstrapping` stops such a forkserver or rank at once with
+MISSING_GUARD_EXIT (as does a test module that exits while the forkserver imports it: it ran
+its tests on import), and the runner that sees that code (`stopped_for_missing_guard`, or a
+rank's exit code) ends the run with one line naming the missing guard (`exit_for_missing_guard`).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import importlib
+import io
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
@@ -27,11 +37,12 @@ import signal
 import sys
 import time
 from multiprocessing import spawn
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, NoReturn, Optional
 
 from harness import devices
 
 MAIN_PATH_ENV = "HARNESS_FORKSERVER_MAIN"
+MODULES_ENV = "HARNESS_FORKSERVER_MODULES"
 RUNNER_ENV = "HARNESS_FORKSERVER_RUNNER"
 # torch.cuda.is_available() initialises the CUDA driver (cudaGetDeviceCount) unless this is
 # set, and a process forked after that cannot use CUDA ("Cannot re-initialize CUDA in forked
@@ -41,6 +52,10 @@ NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 HELPER_EXIT_WAIT_S = 5.0  # how long a stopped helper may take to exit before it is killed
 ORPHAN_CHECK_S = 1.0  # how long the forkserver waits to learn whether its runner died
 GROUP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# The exit code of a forkserver or rank that tried to start ranks while importing the test code.
+MISSING_GUARD_EXIT = 113
+MISSING_GUARD_EXIT_CODE = 2  # the run's exit code then: bad input
+FORKSERVER_EXIT_WAIT_S = 1.0  # after its socket closed, how long the forkserver may take to exit
 
 # What every rank would otherwise import itself, once per test: torch.distributed.tensor because
 # torch.testing.assert_close (so every tensor assertEqual) imports it on first use, which costs a
@@ -51,6 +66,7 @@ _preload: List[str] = [
     "torch", "torch.distributed", "torch.distributed.tensor", "numpy", "harness.testcase",
     "harness.process.rank", "harness.process.assert_rewrite",
 ]
+_test_modules: List[str] = []  # the test code, imported last (by harness.process.forkserver_main)
 
 
 def preload(*modules: str) -> None:
@@ -59,7 +75,7 @@ def preload(*modules: str) -> None:
     Takes effect only before the first multi-process test of this process starts the
     forkserver (a runner calls it with every suite module it is about to run).
     """
-    _preload.extend(m for m in modules if m not in _preload and m != "__main__")
+    _test_modules.extend(m for m in modules if m not in _test_modules and m != "__main__")
 
 
 def context(test_module: str) -> Any:
@@ -97,9 +113,14 @@ def _main_script() -> Optional[str]:
 def _ensure_running() -> None:
     """Start the forkserver if needed, with MAIN_PATH_ENV naming the script it should load,
     RUNNER_ENV naming this process (how the forkserver knows it is one, and whose child), and
-    NVML_CHECK_ENV keeping CUDA checks at import from spoiling its forks."""
+    NVML_CHECK_ENV keeping CUDA checks at import from spoiling its forks; MODULES_ENV names
+    the test modules it should import."""
     script = _main_script()
-    settings = {RUNNER_ENV: str(os.getpid()), MAIN_PATH_ENV: script}
+    settings = {
+        RUNNER_ENV: str(os.getpid()),
+        MAIN_PATH_ENV: script,
+        MODULES_ENV: ",".join(_test_modules),
+    }
     if NVML_CHECK_ENV not in os.environ:
         settings[NVML_CHECK_ENV] = "1"
     saved = {name: os.environ.get(name) for name in settings}
@@ -116,15 +137,75 @@ def _ensure_running() -> None:
                 os.environ[name] = value
 
 
-def load_main_script_in_forkserver() -> None:
-    """In the forkserver (MAIN_PATH_ENV set): import the script ranks would re-import."""
+def load_test_code_in_forkserver() -> None:
+    """In the forkserver (MAIN_PATH_ENV or MODULES_ENV set): import the test modules and the
+    script ranks would import. One that fails to import is left to the ranks, which import it
+    again and report the error; one that exits while imported ran its tests on import."""
+    modules = [name for name in os.environ.get(MODULES_ENV, "").split(",") if name]
+    for name in modules:
+        _import_test_code(importlib.import_module, name)
     path = os.environ.get(MAIN_PATH_ENV)
-    if not path or getattr(sys.modules["__main__"], "__file__", None) == path:
-        return  # not the forkserver starting, or the script is loaded already
+    if path and getattr(sys.modules["__main__"], "__file__", None) != path:
+        _import_test_code(spawn.import_main_path, path)
+
+
+def _import_test_code(load: Callable[[str], Any], name: str) -> None:
+    """Import quietly: what the code prints at import the runner printed already, and what a
+    script without its guard prints (unittest's `Ran 0 tests`) is noise before the error."""
     try:
-        spawn.import_main_path(path)
-    except Exception:  # noqa: BLE001 - each rank imports the script again and reports the error
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            load(name)
+    except SystemExit:
+        os._exit(MISSING_GUARD_EXIT)
+    except Exception:  # noqa: BLE001 - each rank imports it again and reports the error
         return
+
+
+def check_not_bootstrapping() -> None:
+    """Exit at once (MISSING_GUARD_EXIT, nothing printed) if this process is the forkserver
+    preloading the test code, or a rank importing it before it runs: the code starts ranks
+    when imported, and each rank started here would import it and start more."""
+    in_forkserver = os.environ.get(RUNNER_ENV) == str(os.getppid())  # only it has that parent
+    bootstrapping = getattr(multiprocessing.current_process(), "_inheriting", False)
+    if in_forkserver or bootstrapping:
+        os._exit(MISSING_GUARD_EXIT)
+
+
+def stopped_for_missing_guard() -> bool:
+    """Whether this process's forkserver exited with MISSING_GUARD_EXIT (left unreaped)."""
+    pid = helper_pids().get("forkserver")
+    if pid is None or not hasattr(os, "waitid"):
+        return False
+    deadline = time.monotonic() + FORKSERVER_EXIT_WAIT_S
+    while True:
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return False
+        if info is not None:
+            return info.si_code == os.CLD_EXITED and info.si_status == MISSING_GUARD_EXIT
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
+def exit_for_missing_guard(module: str) -> NoReturn:
+    """End the run now with one line naming the missing guard of `module`'s file.
+
+    Not an exception: the test framework running this would report it per test and start the
+    next test, which would fail the same way. The exit handlers still run (temp dirs, helpers).
+    """
+    source = getattr(sys.modules.get(module), "__file__", None) or module
+    stop_helpers({})  # reaps the forkserver that stopped itself
+    sys.stdout.flush()
+    print(
+        f"error: {source} starts ranks when it is imported, and the forkserver and every rank "
+        'import it again: put the code that runs its tests under `if __name__ == "__main__":`',
+        file=sys.stderr,
+        flush=True,
+    )
+    atexit._run_exitfuncs()
+    os._exit(MISSING_GUARD_EXIT_CODE)
 
 
 def helper_pids() -> Dict[str, int]:

@@ -55,6 +55,7 @@ class RankGroup:
     """The rank processes of one test, from start to cleanup, and what they reported."""
 
     def __init__(self, world_size: int) -> None:
+        forkserver.check_not_bootstrapping()  # before anything is created that exit would leave
         # Mode 0700, private to this user; inside multiprocessing's own temp dir, which the
         # forkserver removes when the runner is killed, so not even a SIGKILL leaves it behind.
         self.work_dir = tempfile.mkdtemp(prefix="harness-", dir=multiprocessing.util.get_temp_dir())
@@ -74,6 +75,7 @@ class RankGroup:
         self._began = time.monotonic()  # when the current test was started or sent
         self._round_begun = False
         self._ready_for: Dict[int, int] = {}  # shared rank -> the test it last met the others for
+        self._class: type = object  # the test class whose ranks these are (set by start)
 
     def output_path(self, rank: int) -> str:
         """This rank's output file for the current test (the first one also has its start)."""
@@ -91,6 +93,7 @@ class RankGroup:
         """Start the ranks of test class `cls`: fresh ones run its test `method`; shared ones
         wait for `send_test`."""
         context = forkserver.context(cls.__module__)
+        self._class = cls
         self._began = time.monotonic()
         for record in self.records:
             reader, writer = context.Pipe(duplex=False)
@@ -105,6 +108,9 @@ class RankGroup:
             self._readers[record.rank] = reader
             try:
                 process.start()
+            except (EOFError, OSError):
+                self._exit_if_missing_guard(cls, forkserver.stopped_for_missing_guard())
+                raise
             finally:
                 writer.close()  # the rank holds the only write end: EOF once it exits
                 if task_reader is not None:
@@ -112,6 +118,12 @@ class RankGroup:
             self.processes.append(process)
             record.pid = process.pid
             self._alive.add(record.rank)
+
+    def _exit_if_missing_guard(self, cls: type, missing: bool) -> None:
+        """A forkserver or rank stopped itself while importing the test code: end the run."""
+        if missing:
+            self.close()
+            forkserver.exit_for_missing_guard(cls.__module__)
 
     def _spec(self, cls: type, method: str, rank: int) -> RankSpec:
         world_size = len(self.records)
@@ -247,6 +259,9 @@ class RankGroup:
             self._receive(rank, block=False)
             if rank in self._readers and not self._readers[rank].poll(0):
                 self._readers.pop(rank).close()
+        self._exit_if_missing_guard(
+            self._class, record.exitcode == forkserver.MISSING_GUARD_EXIT and not record.events
+        )
         if record.failed:
             self._note_problem(rank)
 

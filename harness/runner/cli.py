@@ -1,4 +1,7 @@
-"""run_all.py's command line: parsing, env knobs, the plan, and the exit code.
+"""The command line of `python -m harness` (the `torch-dist-harness` script) and run_all.py:
+parsing, env knobs, the plan, and the exit code. run_all.py is the same command over the
+suites in test_cases/; `python -m harness` runs the test files under the paths given (the
+current folder by default).
 
 Also the parser of the harness's own flags that `run_tests()` takes before unittest's.
 Bad input is a `UsageError`: one line on stderr and exit code 2, never a traceback.
@@ -79,14 +82,20 @@ DEBUG_RANK_HELP = (
 )
 
 
-def run_all_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="run_all.py",
-        description="Run the suites in test_cases/ (or the modules named) and summarise.",
-    )
+HARNESS_PROG = "python -m harness"
+RUN_ALL_PROG = "run_all.py"
+
+
+def run_all_parser(prog: str = RUN_ALL_PROG) -> argparse.ArgumentParser:
+    if prog == RUN_ALL_PROG:
+        description = "Run the suites in test_cases/ (or the modules named) and summarise."
+    else:
+        description = "Run the tests under the paths given (default: this folder) and summarise."
+    parser = _Parser(prog=prog, description=description)
     parser.add_argument(
-        "modules", nargs="*", metavar="MODULE",
-        help="test_misc, test_cases.test_misc, a dotted module, a .py file or a folder",
+        "modules", nargs="*", metavar="PATH",
+        help="a folder (its test_*.py files, recursively), a .py file, a dotted module, or a"
+        " suite of test_cases/ by its short name (test_misc)",
     )
     parser.add_argument(
         "-k", dest="patterns", action="append", default=[], metavar="PATTERN",
@@ -164,20 +173,34 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
 
 
 def print_list(plan: Plan, out: TextIO) -> None:
-    """--list: the plan's test ids, one a line (under torchrun, rank 0 alone prints them)."""
+    """--list: the plan's test ids, one a line (under torchrun, rank 0 alone prints them), as
+    the commands take them back: `-k ID`; for a script, `python test_x.py ID` (so without
+    `__main__.`); pytest's `test_x.py::Class::method` is the same id with `::`."""
     if not torchrun.reports_here():
         return
     for _, tests in plan:
         for test in tests:
-            print(test.id(), file=out)
+            test_id = test.id()
+            print(test_id[len("__main__."):] if test_id.startswith("__main__.") else test_id,
+                  file=out)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """`python -m harness [PATHS] [flags]`, the `torch-dist-harness` script: run_all.py's
+    flags and exit codes, over the test files under PATHS (the current folder by default)."""
+    return _main(argv, HARNESS_PROG)
 
 
 def run_all_main(argv: Optional[Sequence[str]] = None) -> int:
     """run_all.py: exit 0 when nothing failed, 1 when something failed, 2 on bad input,
     130/143/129 when stopped by Ctrl-C/SIGTERM/SIGHUP. Nothing it started outlives it."""
+    return _main(argv, RUN_ALL_PROG)
+
+
+def _main(argv: Optional[Sequence[str]], prog: str) -> int:
     with lifecycle.run_scope():
         try:
-            return _run_all(argv)
+            return _run_all(argv, prog)
         except KeyboardInterrupt as stop:  # before any test ran (while importing the suites)
             signum = lifecycle.signal_of(stop)
             print(f"run stopped: interrupted by {lifecycle.describe(signum)}", file=sys.stdout)
@@ -185,13 +208,15 @@ def run_all_main(argv: Optional[Sequence[str]] = None) -> int:
             return lifecycle.exit_code(signum)
 
 
-def _run_all(argv: Optional[Sequence[str]]) -> int:
+def _run_all(argv: Optional[Sequence[str]], prog: str) -> int:
     try:
-        args = run_all_parser().parse_args(argv)
+        args = run_all_parser(prog).parse_args(argv)
+        if not args.modules and prog == HARNESS_PROG:
+            args.modules = ["."]
         _apply_env(args)
         plan = plan_from_args(args)
     except UsageError as error:
-        print(f"run_all.py: error: {error}", file=sys.stderr)
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
     if args.list:
         print_list(plan, sys.stdout)

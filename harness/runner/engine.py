@@ -71,6 +71,7 @@ class Engine:
         self.junit: Any = None
         if options.xml_dir is not None and self.reporting:
             self.junit = junit_result_class()(io.StringIO(), verbosity=0)
+            self.junit.write_each_test_to(options.xml_dir)
 
     def _started(self, test: unittest.TestCase) -> None:
         self.progress.start(test.id())

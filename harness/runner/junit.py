@@ -4,10 +4,15 @@ xmlrunner writes one testcase per unittest event, so a test with three failing g
 would appear as three failures; the result class here folds them into one testcase through
 `records.GridFold` (the fold the summary uses too), and can report records built elsewhere
 (by the engine, or fixture results that belong to no test method, through `stand_in_for`).
+
+Each finished test rewrites its class's file (`write_each_test_to`), atomically (a temp file
+renamed over it), so a run killed by CI after its timeout, even with SIGKILL, leaves the
+record of every test that finished; the closing XML is the same as if written only at the end.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import unittest
 from typing import Any, Optional
@@ -23,9 +28,40 @@ from harness.runner.records import (
 
 def junit_result_class() -> type:
     """xmlrunner's result, with one testcase per test: failing grid points are folded into it."""
-    from xmlrunner.result import _XMLTestResult
+    from xml.dom.minidom import Document
+
+    from xmlrunner.result import _XMLTestResult, testcase_name
 
     class JUnitResult(_XMLTestResult):
+        output_dir: Optional[str] = None  # set: each finished test's class file is written
+        encoding = "UTF-8"
+
+        def write_each_test_to(self, output_dir: str, encoding: str = "UTF-8") -> None:
+            """Rewrite a test's class file in `output_dir` as soon as the test finished."""
+            self.output_dir, self.encoding = output_dir, encoding
+
+        def _write_suite(self, output_dir: str, suite: str, encoding: str) -> str:
+            """Write TEST-<suite>.xml atomically, as xmlrunner writes it; its path."""
+            doc = Document()
+            tests = self._get_info_by_testcase().get(suite, [])
+            self._report_testsuite(suite, tests, doc, doc, self.properties)
+            os.makedirs(output_dir, exist_ok=True)
+            path = os.path.join(output_dir, f"TEST-{suite}.xml")
+            partial = os.path.join(output_dir, f".TEST-{suite}.xml.partial")
+            with open(partial, "wb") as f:
+                f.write(doc.toprettyxml(indent="\t", encoding=encoding))
+            os.replace(partial, path)
+            return path
+
+        def generate_reports(self, test_runner: Any) -> None:
+            """xmlrunner's reports, each file written atomically (see `_write_suite`)."""
+            if not isinstance(test_runner.output, str) or test_runner.outsuffix:
+                return super().generate_reports(test_runner)
+            for suite in self._get_info_by_testcase():
+                path = self._write_suite(test_runner.output, suite, test_runner.encoding)
+                if self.showAll:
+                    self.stream.writeln(f"Generated XML report: {path}")
+
         def _outcomes(self) -> int:
             return sum(len(found) for found in (
                 self.successes, self.failures, self.errors, self.skipped,
@@ -82,7 +118,9 @@ def junit_result_class() -> type:
                         self.addSuccess(test)
             self._fold = GridFold()  # an interrupted test did not finish: no testcase for it
             self._test = None
-            super().stopTest(test)
+            super().stopTest(test)  # adds the test's testcase
+            if self.output_dir is not None:
+                self._write_suite(self.output_dir, testcase_name(test), self.encoding)
 
         def add_record(self, test: Any, record: RunRecord) -> None:
             """Report a record built elsewhere (the engine's, folded by the Collector)."""
@@ -108,7 +146,14 @@ def xml_runner(output: str, resultclass: Optional[type] = None, **kwargs: Any) -
     `resultclass` (junit_result_class() or a subclass of it)."""
     import xmlrunner
 
-    return xmlrunner.XMLTestRunner(
+    class Runner(xmlrunner.XMLTestRunner):
+        def _make_result(self) -> Any:
+            result = super()._make_result()
+            if isinstance(self.output, str) and hasattr(result, "write_each_test_to"):
+                result.write_each_test_to(self.output, self.encoding)
+            return result
+
+    return Runner(
         output=output, outsuffix="", resultclass=resultclass or junit_result_class(), **kwargs
     )
 

@@ -33,7 +33,12 @@ class UsageError(Exception):
 
 
 def suite_modules() -> List[str]:
-    """Every suite in test_cases/, as dotted module names."""
+    """Every suite in test_cases/, as dotted module names (only a checkout has them)."""
+    if not _module_exists(SUITES_PACKAGE):
+        raise UsageError(
+            f"no {SUITES_PACKAGE}/ package here to run: name the test files or folders"
+            " (python -m harness PATHS)"
+        )
     package = importlib.import_module(SUITES_PACKAGE)
     folder = Path(package.__path__[0])
     return [f"{SUITES_PACKAGE}.{path.stem}" for path in sorted(folder.glob("test_*.py"))]
@@ -59,9 +64,29 @@ def _module_exists(name: str) -> bool:
         return False
 
 
+def _test_files(folder: Path) -> List[Path]:
+    """The test_*.py files in `folder` and its subfolders, but not in hidden, build or
+    environment folders (pytest's norecursedirs)."""
+    skipped = {"__pycache__", "build", "dist", "node_modules", "site-packages", "venv"}
+    return [
+        path for path in sorted(folder.rglob("test_*.py"))
+        if not any(part.startswith(".") or part in skipped or part.endswith(".egg")
+                   for part in path.relative_to(folder).parts[:-1])
+    ]
+
+
+def _suites_note() -> str:
+    """The suites a short name can mean, for an error message (none outside the checkout)."""
+    if not _module_exists(SUITES_PACKAGE):
+        return ""
+    known = ", ".join(m.rpartition(".")[2] for m in suite_modules())
+    return f" (suites in {SUITES_PACKAGE}/: {known})"
+
+
 def resolve_modules(names: Sequence[str]) -> List[str]:
     """Dotted module names for `names` (`test_misc`, `test_cases.test_misc`, a .py path or a
-    folder); all suites in test_cases/ when empty. UsageError for anything unknown."""
+    folder, searched recursively); all suites in test_cases/ when empty. UsageError for
+    anything unknown."""
     if not names:
         return suite_modules()
     resolved: List[str] = []
@@ -70,7 +95,7 @@ def resolve_modules(names: Sequence[str]) -> List[str]:
         if name.endswith(".py") and path.is_file():
             found = [_module_of_path(path)]
         elif path.is_dir():
-            found = [_module_of_path(p) for p in sorted(path.glob("test_*.py"))]
+            found = [_module_of_path(p) for p in _test_files(path)]
             if not found:
                 raise UsageError(f"folder {name!r} has no test_*.py modules")
         elif "." in name and not name.endswith(".py") and _module_exists(name):
@@ -78,8 +103,7 @@ def resolve_modules(names: Sequence[str]) -> List[str]:
         elif name.isidentifier() and _module_exists(f"{SUITES_PACKAGE}.{name}"):
             found = [f"{SUITES_PACKAGE}.{name}"]
         else:
-            known = ", ".join(m.rpartition(".")[2] for m in suite_modules())
-            raise UsageError(f"unknown test module {name!r} (suites in test_cases/: {known})")
+            raise UsageError(f"unknown test module {name!r}{_suites_note()}")
         resolved += [module for module in found if module not in resolved]
     return resolved
 

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from harness import devices
 from harness.compat import cpu_defaults as compat_cpu_defaults
-from harness.process import torchrun
+from harness.process import forkserver, torchrun
 from harness.runner import lifecycle
 from harness.runner.cli import print_list, run_tests_parser
 from harness.runner.engine import Engine, Options, closing_line
@@ -131,6 +131,7 @@ def run_tests(argv: Optional[Sequence[str]] = None) -> None:
     device-type classes are made with it). Exits with unittest's code,
     or 130/143/129 when stopped by Ctrl-C/SIGTERM/SIGHUP (after reporting what finished).
     Nothing it started outlives it; the signal handlers it replaced are restored."""
+    forkserver.check_not_bootstrapping()  # called by a script that lacks its main guard
     argv_given, argv = argv, list(sys.argv if argv is None else argv)
     try:
         harness_args, rest = run_tests_parser().parse_known_args(argv[1:])

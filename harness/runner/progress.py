@@ -42,7 +42,7 @@ def _clock(seconds: float) -> str:
 class Progress:
     """How far the run is: a live line on a terminal, plain periodic lines otherwise.
 
-    -q shows nothing; -v adds one line per finished test.
+    -q shows nothing; -v adds one line per finished test (a skip with its reason).
     """
 
     def __init__(self, total: int, stream: TextIO, verbosity: int, interval: float) -> None:
@@ -111,9 +111,10 @@ class Progress:
         label = {"passed": "ok", "skipped": "skip", "failed": "FAIL", "error": "ERROR"}
         if self.verbosity > 1 or record.status in FAILED:
             width = len(str(self.total))
+            reason = f": {record.message}" if record.status == "skipped" and record.message else ""
             self._print(
                 f"[{self.done:>{width}}/{self.total}] {label[record.status]:<5} "
-                f"{record.test_id} ({record.duration:.2f}s)"
+                f"{record.test_id} ({record.duration:.2f}s){reason}"
             )
 
     def close(self) -> None:
