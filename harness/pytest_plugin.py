@@ -135,7 +135,7 @@ def _longrepr(item: pytest.Item, lead: RankReport) -> Any:
     error = _labelled_error(lead.label, lead.message)
     try:
         tb = _traceback(frames, error)
-    except (SyntaxError, ValueError, OSError):
+    except Exception:  # a frame that cannot be stood up: keep pytest's own report of it
         return None
     error.__traceback__ = tb
     longrepr: Any = item.repr_failure(pytest.ExceptionInfo.from_exc_info((type(error), error, tb)))
@@ -195,7 +195,10 @@ def _one_frame(frame: Frame, error: BaseException) -> TracebackType:
         )
         exec(compile(source, frame.filename, "exec"), namespace)
         function = namespace["_f"]
-        function.__code__ = function.__code__.replace(co_name=frame.name, co_qualname=frame.name)
+        names = {"co_name": frame.name}
+        if hasattr(function.__code__, "co_qualname"):  # Python 3.11+
+            names["co_qualname"] = frame.name
+        function.__code__ = function.__code__.replace(**names)
         call: Any = function
     else:
         code = compile("\n" * (frame.lineno - 1) + statement, frame.filename, "exec")
