@@ -1,14 +1,19 @@
-"""Which device, backend, world size, timeout and start method a test uses.
+"""Which device, backend, world size, timeout and start method a test uses, and whether a
+launcher (torchrun) started this process.
 
 Every answer is read from the environment at call time, so `run_all.py --device cpu`
-(which sets HARNESS_DEVICE) and a test that changes an env knob both take effect.
+(which sets HARNESS_DEVICE) and a test that changes an env knob both take effect. Each rule
+has one function here: `rank_device`, `backend_for`, `base_world_size` (a base's default;
+harness/world_size.py adds a class's own and the accelerator gate), `test_timeout`,
+`torchrun_env`.
 """
 
 from __future__ import annotations
 
 import os
 import unittest
-from typing import Any, Optional, Tuple
+from datetime import timedelta
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -18,11 +23,25 @@ TIMEOUT_ENV = "HARNESS_TIMEOUT"
 START_METHOD_ENV = "HARNESS_START_METHOD"
 ALLOW_CPU_ENV = "HARNESS_ALLOW_CPU"
 DEBUG_RANK_ENV = "HARNESS_DEBUG_RANK"
+LAUNCHED_ENV = "HARNESS_LAUNCHED"
+UPSTREAM_TIMEOUT_ENV = "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"
+CORE_BUDGET_ENV = "HARNESS_CORE_BUDGET"  # set by -j: the cores one running test may use
 
 DEVICE_CHOICES = ("cpu", "cuda")
 START_METHODS = ("forkserver", "spawn")
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_CPU_WORLD_SIZE = 2
+DEFAULT_WORLD_SIZE = 4  # upstream's for the bases that do not follow the device count
+# torchrun's own variables (its agent sets them for every worker): RANK/WORLD_SIZE/MASTER_ADDR
+# alone are also left behind by pods, env:// tests and other launchers.
+TORCHRUN_ENV = ("TORCHELASTIC_RUN_ID", "GROUP_RANK", "LOCAL_WORLD_SIZE")
+
+# Upstream's per-test timeouts (common_distributed.TIMEOUT_OVERRIDE): test method name ->
+# seconds. A module-level dict, as upstream's, that a test file may fill.
+TIMEOUT_OVERRIDE: Dict[str, float] = {
+    "test_ddp_uneven_inputs": 400,
+    "test_DistributedDataParallel": 500,
+}
 
 
 # Upstream's common_cuda flags, read once at import as upstream does; HARNESS_DEVICE=cpu
@@ -87,11 +106,18 @@ def device_type() -> str:
     return "cuda" if accelerator_count() > 0 else "cpu"
 
 
-def backend_for(device: str) -> str:
-    """The collective backend for a device type: nccl on CUDA, gloo on CPU."""
-    if device not in DEVICE_CHOICES:
-        raise HarnessConfigError(f"unknown device type {device!r}; expected one of: cpu, cuda")
-    return "nccl" if device == "cuda" else "gloo"
+def backend_for(device: Any) -> str:
+    """THE collective backend of a device (a type, "cuda:1" or a torch.device): torch's default
+    for an accelerator type (nccl on CUDA, xccl on XPU, hccl on HPU), gloo for anything else,
+    as upstream's DistributedTestBase.backend."""
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise HarnessConfigError(
+            f"unknown device {device!r}; expected e.g. cpu, cuda, cuda:0"
+        ) from None
+    accelerator_backends = {"cuda": "nccl", "xpu": "xccl", "hpu": "hccl"}
+    return accelerator_backends.get(kind, "gloo")
 
 
 def rank_device(rank: int) -> torch.device:
@@ -102,18 +128,56 @@ def rank_device(rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def default_world_size() -> int:
-    """HARNESS_WORLD_SIZE, else one rank per GPU, else 2 CPU ranks."""
+def configured_world_size() -> Optional[int]:
+    """HARNESS_WORLD_SIZE, or None when unset."""
     size = _env_number(WORLD_SIZE_ENV, int, 1)
-    if size is not None:
-        return int(size)
-    return accelerator_count() or DEFAULT_CPU_WORLD_SIZE
+    return None if size is None else int(size)
+
+
+def default_world_size() -> int:
+    """The world size a suite picks when it adapts to the machine: HARNESS_WORLD_SIZE, else one
+    rank per GPU, else 2 CPU ranks (a helper for suites; the bases' defaults are upstream's,
+    `base_world_size`)."""
+    return configured_world_size() or accelerator_count() or DEFAULT_CPU_WORLD_SIZE
+
+
+def base_world_size(per_device: bool = False, launched: bool = False) -> int:
+    """A base's world size where its class sets none: for a base whose ranks are the processes
+    torchrun launched (`launched`), their number; else HARNESS_WORLD_SIZE; else upstream's
+    default: one rank per device for the FSDP and shared-process bases (`per_device`: the
+    accelerator count, 1 without one), 4 for the others."""
+    if launched:
+        found = torchrun_env()
+        if found is not None:
+            return found[1]
+    configured = configured_world_size()
+    if configured is not None:
+        return configured
+    return (accelerator_count() or 1) if per_device else DEFAULT_WORLD_SIZE
 
 
 def default_timeout() -> float:
-    """Per-test timeout in seconds: HARNESS_TIMEOUT, else 300."""
-    timeout = _env_number(TIMEOUT_ENV, float, 0.001)
-    return DEFAULT_TIMEOUT_S if timeout is None else float(timeout)
+    """A test's time limit in seconds where nothing more specific is set: upstream's
+    DISTRIBUTED_TESTS_DEFAULT_TIMEOUT, else HARNESS_TIMEOUT, else 300."""
+    for name in (UPSTREAM_TIMEOUT_ENV, TIMEOUT_ENV):
+        timeout = _env_number(name, float, 0.001)
+        if timeout is not None:
+            return float(timeout)
+    return DEFAULT_TIMEOUT_S
+
+
+def test_timeout(case: Any) -> float:
+    """THE wall-clock limit of a multi-rank test, in seconds: TIMEOUT_OVERRIDE[its method name]
+    (upstream's), else its class's `timeout` when that is a number of seconds, else
+    `default_timeout()`. A `timedelta` timeout (upstream's shared-process classes) is the
+    process group's timeout, not the test's limit."""
+    override = TIMEOUT_OVERRIDE.get(case._testMethodName)
+    if override is not None:
+        return float(override)
+    declared = getattr(case, "timeout", None)
+    if isinstance(declared, (int, float)) and not isinstance(declared, bool):
+        return float(declared)
+    return default_timeout()
 
 
 class DefaultTimeout:
@@ -123,14 +187,14 @@ class DefaultTimeout:
         return default_timeout()
 
 
-def checked_rank_settings(case: Any) -> Tuple[int, float]:
-    """A multi-rank case's (world_size, timeout), or a one-line error naming the bad one.
+def checked_rank_settings(case: Any, world_size: Any) -> Tuple[int, float]:
+    """A multi-rank case's (world_size, timeout) for `world_size` ranks, or a one-line error
+    naming the bad one.
 
     A world size of 0 (typically computed from an accelerator count on a machine without
     one) is a skip saying why, not an error and not a pass: there is nothing to run.
     """
     name = type(case).__name__
-    world_size, timeout = case.world_size, case.timeout
     if world_size == 0 and isinstance(world_size, int) and not isinstance(world_size, bool):
         raise unittest.SkipTest(
             f"{name}.world_size is 0: no ranks to start "
@@ -138,11 +202,22 @@ def checked_rank_settings(case: Any) -> Tuple[int, float]:
         )
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise HarnessConfigError(f"{name}.world_size must be a positive int, got {world_size!r}")
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
+    declared = getattr(case, "timeout", None)
+    if not isinstance(declared, timedelta) and (
+        isinstance(declared, bool) or not isinstance(declared, (int, float)) or declared <= 0
+    ):
         raise HarnessConfigError(
-            f"{name}.timeout must be a positive number of seconds, got {timeout!r}"
+            f"{name}.timeout must be a positive number of seconds, got {declared!r}"
         )
-    return world_size, timeout
+    override = TIMEOUT_OVERRIDE.get(case._testMethodName)
+    if override is not None and (
+        isinstance(override, bool) or not isinstance(override, (int, float)) or override <= 0
+    ):
+        raise HarnessConfigError(
+            f"TIMEOUT_OVERRIDE[{case._testMethodName!r}] must be a positive number of seconds, "
+            f"got {override!r}"
+        )
+    return world_size, test_timeout(case)
 
 
 def debug_rank() -> Optional[int]:
@@ -157,8 +232,21 @@ def start_method() -> str:
 
 
 def torchrun_env() -> Optional[Tuple[int, int]]:
-    """(rank, world_size) when this process was launched by torchrun, else None."""
-    if not all(os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
+    """THE launch detection: (rank, world_size) when a launcher started this process as one
+    rank, else None. Launched means torchrun's own variables are set (TORCHELASTIC_RUN_ID,
+    GROUP_RANK, LOCAL_WORLD_SIZE, with RANK, WORLD_SIZE and MASTER_ADDR), or HARNESS_LAUNCHED=1
+    for a launcher that sets only RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Those four
+    alone are often left behind (a pod, an earlier env:// test): they change nothing."""
+    opt_in = os.environ.get(LAUNCHED_ENV, "")
+    if opt_in not in ("", "0", "1"):
+        raise HarnessConfigError(f"{LAUNCHED_ENV}={opt_in!r} must be 1 (on) or 0 (off)")
+    by_torchrun = all(os.environ.get(name) for name in TORCHRUN_ENV)
+    if not (by_torchrun or opt_in == "1"):
+        return None
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR") if not os.environ.get(k)]
+    if missing:
+        if opt_in == "1":
+            raise HarnessConfigError(f"{LAUNCHED_ENV}=1 but {', '.join(missing)} unset")
         return None
     try:
         return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -169,7 +257,19 @@ def torchrun_env() -> Optional[Tuple[int, int]]:
         ) from None
 
 
+def machine_cores() -> int:
+    """The cores this process may run on."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores or 1
+
+
+def core_budget() -> int:
+    """The cores this process's tests may use: CORE_BUDGET_ENV (set by `-j` for each worker's
+    test, its share of the machine), else the machine's."""
+    value = os.environ.get(CORE_BUDGET_ENV, "")
+    return int(value) if value.isdigit() and int(value) > 0 else machine_cores()
+
+
 def intra_op_threads(world_size: int) -> int:
     """Threads one rank may use so that world_size ranks share the cores without oversubscribing."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // max(1, world_size))
+    return max(1, core_budget() // max(1, world_size))

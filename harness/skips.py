@@ -86,7 +86,8 @@ def accelerators_suffice(count: int, backends: Sequence[str] = (), allow_cpu: bo
     Met when at least `count` accelerators exist and (if `backends` are named) one of those
     accelerator communication backends is compiled in, or when no accelerator exists and
     the test may run on CPU: its own `allow_cpu`, or HARNESS_ALLOW_CPU=1 for every
-    requirement (the test then runs on CPU with gloo and its usual number of ranks).
+    requirement (the test then runs on CPU with gloo, with at least `count` ranks:
+    harness/world_size.py).
     """
     found = devices.accelerator_count()
     if found == 0 and (allow_cpu or devices.allow_cpu()):
@@ -175,16 +176,6 @@ def skip_if_lt_x_gpu(n: int, *, allow_cpu: bool = False) -> Callable[[Any], Any]
 def skip_if_no_gpu(func: Callable) -> Callable:
     """Skip unless every rank of the test has an accelerator of its own (world_size of them)."""
     return requires(AcceleratorRequirement(PER_RANK))(func)
-
-
-def require_accelerator_per_rank(world_size: int, device_type: str) -> None:
-    """Skip before any rank starts when a base that gives each rank its own accelerator (FSDP's)
-    runs on one with fewer accelerators than ranks, as upstream's FSDP ranks skip (instead of
-    failing in the backend with two ranks on one device). CPU device types need none."""
-    if device_type == "cpu" or accelerators_suffice(world_size):
-        return
-    found = devices.accelerator_count()
-    raise unittest.SkipTest(f"{_count_message(world_size)} ({found} found)")
 
 
 def at_least_x_gpu(x: int) -> bool:
@@ -281,6 +272,11 @@ def check_requirements(test_method: Callable, world_size: Any = None) -> None:
             raise unittest.SkipTest(reason)
 
 
+def _case_requirements(case: unittest.TestCase) -> List[AcceleratorRequirement]:
+    method = getattr(case, case._testMethodName, None)
+    return requirements_of(type(case)) + requirements_of(method)
+
+
 def check_case_requirements(case: unittest.TestCase) -> None:
     """check_requirements for a case: its class's requirements, then its test method's.
 
@@ -288,8 +284,7 @@ def check_case_requirements(case: unittest.TestCase) -> None:
     multi-rank bases before their ranks start: when the CPU stands in for accelerators, this
     process gets the CPU analogs of torch's accelerator defaults for the ranks it runs.
     """
-    method = getattr(case, case._testMethodName, None)
-    requirements = requirements_of(type(case)) + requirements_of(method)
+    requirements = _case_requirements(case)
     per_rank = any(requirement.count == PER_RANK for requirement in requirements)
     world_size = getattr(case, "world_size", None) if per_rank else None
     for requirement in requirements:
@@ -302,3 +297,30 @@ def check_case_requirements(case: unittest.TestCase) -> None:
         )
 
         compat_cpu_defaults.install()
+
+
+def cpu_allowed(case: unittest.TestCase) -> bool:
+    """Whether `case` runs on CPU in place of accelerators: none exists here, and
+    HARNESS_ALLOW_CPU=1 or one of its requirements says `allow_cpu=True`."""
+    if devices.accelerator_count() > 0:
+        return False
+    return devices.allow_cpu() or any(r.allow_cpu for r in _case_requirements(case))
+
+
+def cpu_gate(case: unittest.TestCase) -> int:
+    """The accelerator count `case`'s requirements ask for (`skip_if_lt_x_gpu(n)`: n) when
+    the CPU stands in for them here; 0 when the case runs as written. The world size rule
+    (harness/world_size.py) runs such a test with at least that many ranks."""
+    if not cpu_allowed(case):
+        return 0
+    return max((r.count for r in _case_requirements(case) if r.count > 0), default=0)
+
+
+def require_accelerator_per_rank(case: unittest.TestCase, world_size: int) -> None:
+    """Skip before any rank starts when a base that gives each rank its own accelerator (FSDP's)
+    has fewer accelerators than ranks, as upstream's FSDP ranks skip, CPU machines included;
+    unless the CPU stands in for the accelerators (`cpu_allowed`)."""
+    if cpu_allowed(case) or accelerators_suffice(world_size):
+        return
+    found = devices.accelerator_count()
+    raise unittest.SkipTest(f"{_count_message(world_size)} ({found} found)")

@@ -6,7 +6,9 @@ such start imports torch afresh, which is what makes the full run take minutes. 
 loop is `python -m pytest -m "not slow" tests`; CI runs everything.
 
 With HARNESS_REPORT_SPAWNS set, the run ends listing the tests without the mark that started
-a process, so a new test that should be `slow` is found by running the fast tier.
+a process, so a new test that should be `slow` is found by running the fast tier;
+HARNESS_REPORT_SPAWNS=refuse also fails such a test at its first start instead of letting the
+process run, which finds them all in minutes.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def _note_spawn(kind: str) -> None:
     if _current:
         _unmarked_spawners.setdefault(_current[-1], kind)
+        if os.environ.get("HARNESS_REPORT_SPAWNS") == "refuse":
+            raise RuntimeError("HARNESS_REPORT_SPAWNS=refuse: this unmarked test starts a process")
 
 
 def _watch_process_starts() -> None:

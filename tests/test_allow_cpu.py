@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict, Optional
 from unittest import mock
 
+import pytest
 import torch
 
 from harness import devices
@@ -90,6 +91,7 @@ def run_script(
 
 
 @unittest.skipUnless(NO_ACCELERATOR, "the switch changes nothing where accelerators exist")
+@pytest.mark.slow
 class UpstreamStyleFilesBothWays(unittest.TestCase):
     """Each file: skipped (or not made) without the switch, passed on CPU with it."""
 
@@ -170,16 +172,22 @@ CHILD = textwrap.dedent('''
 
 
 @unittest.skipUnless(NO_ACCELERATOR, "the adaptations apply only where no accelerator exists")
+@pytest.mark.slow
 class Adaptations(unittest.TestCase):
     """In a child process (torch patched there only): what each adaptation does and doesn't."""
 
+    outputs: Dict[str, str] = {}  # the child's output per switch value: one run serves all
+
     def run_child(self, env: Dict[str, str]) -> str:
-        proc = subprocess.run(
-            [sys.executable, "-c", CHILD], cwd=REPO, env=child_env(env),
-            capture_output=True, text=True, timeout=600,
-        )
-        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-        return proc.stdout + proc.stderr
+        key = repr(sorted(env.items()))
+        if key not in self.outputs:
+            proc = subprocess.run(
+                [sys.executable, "-c", CHILD], cwd=REPO, env=child_env(env),
+                capture_output=True, text=True, timeout=600,
+            )
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+            type(self).outputs[key] = proc.stdout + proc.stderr
+        return self.outputs[key]
 
     def test_without_switch_torch_refuses_as_before(self):
         out = self.run_child({})

@@ -10,6 +10,8 @@ import tempfile
 import textwrap
 import unittest
 
+import pytest
+
 from harness.launch import collective_trace
 from harness.launch.collective_trace import CollectiveCall
 
@@ -142,6 +144,7 @@ HANG_SUITE = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 class HangReportTest(unittest.TestCase):
     """A deliberate mismatch (rank 0 all_reduce, rank 1 broadcast) in both modes."""
 

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any, List
 from unittest import mock
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -28,11 +29,12 @@ from harness.process.continuous import (
 from harness.skips import accelerators_suffice, skip_if_lt_x_gpu
 from tests.test_fsdp import UPSTREAM_STYLE, run_script
 
-# What a 2-rank FSDPTestContinuous test ends as here: run on CPU or with a GPU per rank,
-# skipped before its ranks start on a machine with fewer GPUs than ranks.
+# What a 2-rank FSDPTestContinuous test that allows the CPU ends as here: run on CPU or with a
+# GPU per rank, skipped before its ranks start on a machine with fewer GPUs than ranks.
 FSDP_2_RANKS = "passed" if devices.device_type() == "cpu" or accelerators_suffice(2) else "skipped"
 
 
+@pytest.mark.slow
 class TestContinuousGroup(MultiProcContinuousTest):
     world_size = 2
     seen: List[Any] = []  # in a rank: (pid, group) of each test it ran
@@ -60,6 +62,7 @@ class TestContinuousGroup(MultiProcContinuousTest):
             self.seen.append((os.getpid(), type(self).pg))
 
 
+@pytest.mark.slow
 class TestContinuousOverrides(MultiProcContinuousTest):
     """Upstream subclasses override backend_str/opts/_init_pg and give timedelta timeouts."""
 
@@ -77,7 +80,7 @@ class TestContinuousOverrides(MultiProcContinuousTest):
         super()._init_pg(rank, world_size, rdvz_file)
 
     def test_overrides_are_used(self) -> None:
-        self.assertEqual(90.0, type(self).timeout)
+        self.assertEqual(timedelta(seconds=90), type(self).timeout)
         self.assertEqual([(self.rank, 2, type(self).rdvz_file)], self.init_calls)
         self.assertEqual("gloo", dist.get_backend())
         value = torch.ones(1)
@@ -85,6 +88,7 @@ class TestContinuousOverrides(MultiProcContinuousTest):
         self.assertEqual(2.0, value.item())
 
 
+@pytest.mark.slow
 class TestFSDPContinuousGroup(FSDPTestContinuous):
     world_size = 2
 
@@ -98,11 +102,13 @@ class TestFSDPContinuousGroup(FSDPTestContinuous):
         self.assertEqual(1.0, value.item())
 
 
+@pytest.mark.slow
 class TestFSDPContinuousDeviceType(FSDPTestContinuous):
     """Device-type instantiation over the shared-process base (upstream's lazy start)."""
 
     world_size = 2
 
+    @skip_if_lt_x_gpu(2, allow_cpu=True)
     def test_on_device(self, device: str) -> None:
         self.assertEqual(torch.device(device).type, class_device_type(type(self)))
         value = torch.ones(1, device=device)
@@ -129,9 +135,15 @@ class TestClassAPI(unittest.TestCase):
             self.assertEqual(3, FSDPTestContinuous("run").world_size)
         self.assertEqual(2, TestContinuousGroup.world_size)
 
-    def test_timedelta_timeout_becomes_seconds(self) -> None:
-        self.assertEqual(90.0, TestContinuousOverrides.timeout)
-        self.assertEqual(devices.default_timeout(), MultiProcContinuousTest.timeout)
+    def test_timeout_is_the_groups_not_the_tests(self) -> None:
+        """As upstream: a class's `timeout` is its group's timedelta (120 s by default); a
+        test's limit is every base's (TIMEOUT_OVERRIDE, the env knobs, 300 s)."""
+        self.assertEqual(timedelta(seconds=120), MultiProcContinuousTest.timeout)
+        self.assertEqual(timedelta(seconds=90), TestContinuousOverrides.timeout)
+        case = TestContinuousOverrides("test_overrides_are_used")
+        unset = {devices.TIMEOUT_ENV: "", devices.UPSTREAM_TIMEOUT_ENV: ""}
+        with mock.patch.dict(os.environ, unset):
+            self.assertEqual(300.0, devices.test_timeout(case))
 
     def test_class_device_type_reads_every_declaration(self) -> None:
         class AsString(FSDPTestContinuous):
@@ -180,6 +192,7 @@ class TestClassAPI(unittest.TestCase):
         self.assertIn("world_size is 0", result.skipped[0][1])
 
 
+@pytest.mark.slow
 class TestAsScripts(unittest.TestCase):
     def test_a_failing_test_fails_alone(self) -> None:
         results = run_script(os.path.join(UPSTREAM_STYLE, "fsdp_continuous_isolation.py"))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Dict, List
 from unittest import mock
 
+import pytest
 import torch
 
 from harness import (
@@ -90,6 +91,7 @@ def _run(case: unittest.TestCase) -> unittest.TestResult:
     return result
 
 
+@pytest.mark.slow
 class DifferentialIdsTest(unittest.TestCase):
     """The same device-type declarations under upstream's installed harness and this one."""
 
@@ -303,6 +305,7 @@ def _upstream_ids(style_file: Path, work_dir: str) -> List[str]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 class UpstreamStyleFilesTest(unittest.TestCase):
     """Upstream-style files run as scripts on CPU: upstream's ids, every test passed."""
 

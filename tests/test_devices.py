@@ -3,13 +3,17 @@
 import os
 import subprocess
 import sys
+import textwrap
 import unittest
+from datetime import timedelta
 from unittest import mock
 
+import pytest
 import torch
 
 from harness import devices
 from harness.devices import HarnessConfigError
+from tests.fixtures import upstream_diff
 
 
 def env(**values):
@@ -23,6 +27,15 @@ def env(**values):
     return patch
 
 
+class Case:
+    """What the rank settings read of a case."""
+
+    _testMethodName = "test_x"
+
+    def __init__(self):
+        self.world_size, self.timeout = 2, 5.0
+
+
 class DevicesTest(unittest.TestCase):
     def setUp(self):
         self.patch = env(
@@ -31,9 +44,14 @@ class DevicesTest(unittest.TestCase):
             HARNESS_TIMEOUT=None,
             HARNESS_START_METHOD=None,
             HARNESS_ALLOW_CPU=None,
+            HARNESS_LAUNCHED=None,
+            DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=None,
             RANK=None,
             WORLD_SIZE=None,
             MASTER_ADDR=None,
+            TORCHELASTIC_RUN_ID=None,
+            GROUP_RANK=None,
+            LOCAL_WORLD_SIZE=None,
         )
         self.addCleanup(self.patch.stop)
 
@@ -122,32 +140,36 @@ class DevicesTest(unittest.TestCase):
         self.assertEqual(Case().timeout, 9.0)
 
     def test_checked_rank_settings_name_the_bad_attribute(self):
-        class Case:
-            world_size, timeout = 2, 5.0
-
-        self.assertEqual(devices.checked_rank_settings(Case()), (2, 5.0))
+        case = Case()
+        self.assertEqual(devices.checked_rank_settings(case, 2), (2, 5.0))
         for world_size in (-1, True, False, "2", 2.0, None):
-            Case.world_size = world_size
             with self.assertRaisesRegex(
                 HarnessConfigError, r"Case.world_size must be a positive int"
             ):
-                devices.checked_rank_settings(Case())
-        Case.world_size, Case.timeout = 2, 0
-        with self.assertRaisesRegex(HarnessConfigError, r"Case.timeout must be a positive number"):
-            devices.checked_rank_settings(Case())
+                devices.checked_rank_settings(case, world_size)
+        for timeout in (0, -1, True, "5", None):
+            case.timeout = timeout
+            with self.assertRaisesRegex(
+                HarnessConfigError, r"Case.timeout must be a positive number"
+            ):
+                devices.checked_rank_settings(case, 2)
+        case.timeout = timedelta(seconds=3)  # a group's timeout (shared-process classes): fine
+        self.assertEqual(devices.checked_rank_settings(case, 2), (2, 300.0))
+        self.addCleanup(devices.TIMEOUT_OVERRIDE.pop, "test_x", None)
+        devices.TIMEOUT_OVERRIDE["test_x"] = "soon"
+        with self.assertRaisesRegex(HarnessConfigError, r"TIMEOUT_OVERRIDE\['test_x'\]"):
+            devices.checked_rank_settings(case, 2)
 
     def test_world_size_zero_is_a_skip_saying_why(self):
-        class Case:
-            world_size, timeout = 0, 5.0
-
         with mock.patch.object(torch.cuda, "device_count", return_value=0):
             with self.assertRaises(unittest.SkipTest) as caught:
-                devices.checked_rank_settings(Case())
+                devices.checked_rank_settings(Case(), 0)
         self.assertEqual(
             str(caught.exception),
             "Case.world_size is 0: no ranks to start (0 accelerators found)",
         )
 
+    @pytest.mark.slow
     def test_upstream_cuda_flags_follow_the_machine_and_forced_cpu(self):
         code = "import harness; print(harness.TEST_CUDA, harness.TEST_MULTIGPU)"
         cuda = torch.cuda.is_available()
@@ -167,13 +189,75 @@ class DevicesTest(unittest.TestCase):
         with self.assertRaisesRegex(HarnessConfigError, "HARNESS_START_METHOD='thread'"):
             devices.start_method()
 
-    def test_torchrun_env(self):
+    def test_launch_detection_needs_torchruns_own_variables(self):
+        """RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT alone (left by a pod or an env:// test) are
+        not a launch; torchrun's own variables are, and so is HARNESS_LAUNCHED=1."""
+        os.environ.update(RANK="1", WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
         self.assertIsNone(devices.torchrun_env())
-        os.environ.update(RANK="1", WORLD_SIZE="4", MASTER_ADDR="127.0.0.1")
+        os.environ.update(TORCHELASTIC_RUN_ID="job", GROUP_RANK="0", LOCAL_WORLD_SIZE="4")
+        self.assertEqual(devices.torchrun_env(), (1, 4))
+        os.environ["HARNESS_LAUNCHED"] = "0"
+        self.assertEqual(devices.torchrun_env(), (1, 4))  # 0 opts nothing out: torchrun's own
+        del os.environ["TORCHELASTIC_RUN_ID"]
+        self.assertIsNone(devices.torchrun_env())
+        os.environ["HARNESS_LAUNCHED"] = "1"
         self.assertEqual(devices.torchrun_env(), (1, 4))
         os.environ["RANK"] = "one"
         with self.assertRaisesRegex(HarnessConfigError, "RANK='one'"):
             devices.torchrun_env()
+        del os.environ["MASTER_ADDR"]
+        with self.assertRaisesRegex(HarnessConfigError, "HARNESS_LAUNCHED=1 but MASTER_ADDR"):
+            devices.torchrun_env()
+        os.environ["HARNESS_LAUNCHED"] = "yes"
+        with self.assertRaisesRegex(HarnessConfigError, "HARNESS_LAUNCHED='yes'"):
+            devices.torchrun_env()
+
+    def test_base_world_size(self):
+        self.assertEqual(devices.base_world_size(), 4)
+        self.assertEqual(devices.base_world_size(per_device=True), 1)
+        with (
+            mock.patch.object(torch.cuda, "is_available", return_value=True),
+            mock.patch.object(torch.cuda, "device_count", return_value=2),
+        ):
+            self.assertEqual(devices.base_world_size(per_device=True), 2)
+            self.assertEqual(devices.base_world_size(), 4)
+        os.environ["HARNESS_WORLD_SIZE"] = "3"
+        self.assertEqual(devices.base_world_size(per_device=True), 3)
+        os.environ.update(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", HARNESS_LAUNCHED="1")
+        self.assertEqual(devices.base_world_size(launched=True), 2)
+        self.assertEqual(devices.base_world_size(), 3)
+
+    def test_backend_of_a_device(self):
+        for device, backend in (("cpu", "gloo"), ("cuda", "nccl"), ("cuda:1", "nccl"),
+                                (torch.device("cuda", 0), "nccl"), ("xpu", "xccl"),
+                                ("hpu", "hccl"), ("meta", "gloo")):
+            self.assertEqual(devices.backend_for(device), backend, device)
+        with self.assertRaisesRegex(HarnessConfigError, "unknown device 'tpu'"):
+            devices.backend_for("tpu")
+
+    def test_test_timeout_order(self):
+        """TIMEOUT_OVERRIDE[test], the class's seconds, DISTRIBUTED_TESTS_DEFAULT_TIMEOUT,
+        HARNESS_TIMEOUT, 300; a timedelta is not the test's limit."""
+        case = Case()
+        del case.timeout
+        self.assertEqual(devices.test_timeout(case), 300.0)
+        os.environ["HARNESS_TIMEOUT"] = "40"
+        self.assertEqual(devices.test_timeout(case), 40.0)
+        os.environ["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = "30"
+        self.assertEqual(devices.test_timeout(case), 30.0)
+        case.timeout = timedelta(seconds=3)
+        self.assertEqual(devices.test_timeout(case), 30.0)
+        case.timeout = 20
+        self.assertEqual(devices.test_timeout(case), 20.0)
+        import harness
+
+        self.assertIs(harness.TIMEOUT_OVERRIDE, devices.TIMEOUT_OVERRIDE)  # the one users fill
+        self.addCleanup(devices.TIMEOUT_OVERRIDE.pop, "test_x", None)
+        harness.TIMEOUT_OVERRIDE["test_x"] = 10
+        self.assertEqual(devices.test_timeout(case), 10.0)
+        os.environ["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = "later"
+        with self.assertRaisesRegex(HarnessConfigError, "_DEFAULT_TIMEOUT='later'"):
+            devices.default_timeout()
 
     def test_intra_op_threads_share_the_cores(self):
         with mock.patch.object(os, "sched_getaffinity", return_value={0, 1, 2, 3}, create=True):
@@ -183,3 +267,86 @@ class DevicesTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+TIMEOUT_PROBE = textwrap.dedent('''
+    import time
+    from datetime import timedelta
+
+    TIMEOUT_OVERRIDE["test_cut_short"] = 2
+
+
+    class Processes(MultiProcessTestCase):
+        world_size = 1
+
+        def setUp(self):
+            super().setUp()
+            self._spawn_processes()
+
+        def test_cut_short(self):
+            time.sleep(60)
+
+
+    class Continuous(MultiProcContinuousTest):
+        world_size = 1
+        timeout = timedelta(seconds=3)  # the group's timeout, not the test's
+
+        def test_outlives_the_group_timeout(self):
+            time.sleep(5)
+
+
+    if __name__ == "__main__":
+        run_tests()
+''')
+
+ENV_TIMEOUT_PROBE = textwrap.dedent('''
+    import time
+
+
+    class Threads(MultiThreadedTestCase):
+        world_size = 2
+
+        def setUp(self):
+            super().setUp()
+            self._spawn_threads()
+
+        def test_quick(self):
+            pass
+
+        def test_too_long(self):
+            time.sleep(8)
+
+
+    if __name__ == "__main__":
+        run_tests()
+''')
+
+
+@pytest.mark.slow
+class UpstreamTimeoutsTest(unittest.TestCase):
+    """Upstream's timeout knobs, the same probes under torch's installed harness and this one.
+    A timed-out test is an error upstream and a failure here (DESIGN.md: `timed out` is a
+    failure), so what is compared is whether each test passed."""
+
+    def compare(self, probe: str, names: dict, env: dict) -> dict:
+        theirs = upstream_diff.outcomes(probe, names, upstream=True, env=env)
+        ours = upstream_diff.outcomes(probe, names, upstream=False, env=env)
+        self.assertEqual(set(theirs), set(ours))
+        self.assertEqual({test_id: outcome == "passed" for test_id, outcome in theirs.items()},
+                         {test_id: outcome == "passed" for test_id, outcome in ours.items()})
+        return ours
+
+    def test_timeout_override_and_a_continuous_classs_group_timeout(self) -> None:
+        names = {
+            "common_distributed": ["MultiProcContinuousTest", "MultiProcessTestCase",
+                                   "TIMEOUT_OVERRIDE"],
+            "common_utils": ["run_tests"],
+        }
+        ours = self.compare(TIMEOUT_PROBE, names, {})
+        self.assertEqual(ours["Processes.test_cut_short"], "failed")
+        self.assertEqual(ours["Continuous.test_outlives_the_group_timeout"], "passed")
+
+    def test_distributed_tests_default_timeout(self) -> None:
+        names = {"common_distributed": ["MultiThreadedTestCase"], "common_utils": ["run_tests"]}
+        ours = self.compare(ENV_TIMEOUT_PROBE, names, {"DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": "3"})
+        self.assertEqual(ours, {"Threads.test_quick": "passed", "Threads.test_too_long": "failed"})

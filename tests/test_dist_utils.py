@@ -13,6 +13,7 @@ import unittest
 from typing import Dict
 from unittest import mock
 
+import pytest
 import torch.distributed as dist
 
 from harness import captured_output, devices, with_dist_debug_levels
@@ -149,6 +150,7 @@ RESULT_LINE = re.compile(
 )
 
 
+@pytest.mark.slow
 class UpstreamStyleFileTest(unittest.TestCase):
     def test_every_id_and_outcome(self):
         env = {

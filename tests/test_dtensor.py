@@ -15,6 +15,7 @@ import unittest
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -54,6 +55,7 @@ DIFFERENTIAL_FILES = ("dtensor_api", "dtensor_ops", "dtensor_redistribute")
 DIFFERENTIAL_TIMEOUT_S = 1500  # upstream's harness starts 4 fresh interpreters per test
 
 
+@pytest.mark.slow
 class TestDTensorBase(DTensorTestBase):
     @property
     def world_size(self) -> int:
@@ -140,6 +142,7 @@ class ContinuousSample(DTensorContinuousTestBase):
 ContinuousSampleWithLocalTensor = create_local_tensor_test_class(
     ContinuousSample, base_class=LocalDTensorContinuousTestBase
 )
+pytest.mark.slow(ContinuousSample)  # its ranks are processes; the twin made above is not
 
 
 class TestShardingRuleChecks(DTensorOpTestBase):
@@ -180,6 +183,7 @@ class TestShardingRuleChecks(DTensorOpTestBase):
             self.assertEqual((mine, theirs), (expected, expected))
 
 
+@pytest.mark.slow
 class _OneRank(DTensorTestBase):
     """A one-rank DTensorTestBase driven in this process, to call init_pg/destroy_pg directly."""
 
@@ -209,6 +213,7 @@ class TestInitPg(unittest.TestCase):
         self.assertEqual(case.backend, dist.get_default_backend_for_device(case.device_type))
         self.assertFalse(case.is_local_tensor_enabled)
 
+    @pytest.mark.slow
     def test_a_bad_device_knob_does_not_break_import(self) -> None:
         env = dict(os.environ, HARNESS_DEVICE="bogus")
         code = "import harness; print(harness.NUM_DEVICES, harness.DEVICE_TYPE, harness.PG_BACKEND)"
@@ -338,6 +343,7 @@ class LocalSample(DTensorTestBase):
 LocalSampleWithLocalTensor = create_local_tensor_test_class(
     LocalSample, skipped_tests=["test_to_skip"]
 )
+pytest.mark.slow(LocalSample)  # its ranks are processes; the twin made above is not
 
 
 class TestCreateLocalTensorTestClass(unittest.TestCase):
@@ -546,6 +552,7 @@ class TestRewriteForUpstream(unittest.TestCase):
             rewrite_for_upstream("import harness\n")
 
 
+@pytest.mark.slow
 class TestUpstreamStyleDifferential(unittest.TestCase):
     """tests/upstream_style/dtensor_*.py under upstream's harness and under this one.
 

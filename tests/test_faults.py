@@ -5,12 +5,15 @@ import subprocess
 import sys
 import unittest
 
+import pytest
+
 from tests.faults import FAULTS, install_fault
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class FaultsTest(unittest.TestCase):
+    @pytest.mark.slow
     def test_every_fault_installs_in_a_fresh_interpreter(self):
         # A fault patches torch for good, so they are installed in a child, never here.
         code = (

@@ -14,6 +14,7 @@ import xml.etree.ElementTree as ElementTree
 from typing import Dict, List, Tuple
 from unittest import mock
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -27,6 +28,8 @@ from harness.process.case import MAIN_PROCESS_RANK
 from harness.skips import skip_if_lt_x_gpu
 
 
+@pytest.mark.slow
+@skip_if_lt_x_gpu(2, allow_cpu=True)  # FSDPTest skips on CPU unless allowed
 class TestFSDPTestBase(FSDPTest):
     @property
     def world_size(self) -> int:
@@ -52,6 +55,7 @@ class TestFSDPTestBase(FSDPTest):
             self.assertFalse(dist.is_initialized(), "the group outlived the test")
 
 
+@pytest.mark.slow
 @instantiate_parametrized_tests
 class TestFSDPTestParametrized(FSDPTest):
     """The suites' pattern: device-generic skip decorator over generated tests."""
@@ -68,6 +72,8 @@ class TestFSDPTestParametrized(FSDPTest):
         self.assertEqual(value.item(), 2 * scale)
 
 
+@pytest.mark.slow
+@skip_if_lt_x_gpu(2, allow_cpu=True)  # FSDPTest skips on CPU unless allowed
 class TestFSDPTestOverrides(FSDPTest):
     """Upstream suites override these properties; the base must not fight that."""
 
@@ -193,6 +199,7 @@ PARITY_IDS = [
 ]
 
 
+@pytest.mark.slow
 class TestUpstreamStyleParity(unittest.TestCase):
     """tests/upstream_style/fsdp_parity.py and fsdp_parity_broken.py, run as scripts."""
 
@@ -242,6 +249,8 @@ class TestUpstreamStyleParity(unittest.TestCase):
                 self.assertIn("_test_fsdp_parity", message)
 
 
+@pytest.mark.slow
+@skip_if_lt_x_gpu(2, allow_cpu=True)  # FSDPTest skips on CPU unless allowed
 class TestFSDPTestMixinHelpers(FSDPTest):
     @property
     def world_size(self) -> int:
@@ -291,6 +300,31 @@ class TestFSDPTestInParent(unittest.TestCase):
         self.assertEqual([(result.skipped[0][0].id(), "Need at least 2 CUDA devices (1 found)")],
                          [(t.id(), reason) for t, reason in result.skipped])
         start.assert_not_called()
+
+    def test_on_cpu_without_a_decorator_it_skips_unless_the_cpu_is_allowed(self) -> None:
+        """Upstream's FSDPTest ranks skip where there are fewer accelerators than ranks, CPU
+        machines included (world size 1 there); HARNESS_ALLOW_CPU=1 runs them on CPU."""
+        knobs = {"HARNESS_ALLOW_CPU": "", "HARNESS_WORLD_SIZE": "", "HARNESS_DEVICE": ""}
+        with mock.patch.object(devices, "accelerator_count", return_value=0), \
+                mock.patch.dict(os.environ, knobs), \
+                mock.patch("harness.process.supervisor.RankGroup.start") as start:
+            result = unittest.TestResult()
+            OnAnyMachine("never_runs").run(result)
+            self.assertEqual([], result.errors + result.failures)
+            self.assertEqual(["Need at least 1 CUDA device (0 found)"],
+                             [reason for _, reason in result.skipped])
+            start.assert_not_called()
+            os.environ["HARNESS_ALLOW_CPU"] = "1"
+            case = OnAnyMachine("never_runs")
+            self.assertEqual((1, "gloo"), (case.world_size, devices.backend_for(case.device)))
+            case.checked_rank_settings()  # no skip: the CPU stands in
+
+
+class OnAnyMachine(FSDPTest):
+    """Run only by TestFSDPTestInParent: an FSDPTest without any skip decorator."""
+
+    def never_runs(self) -> None:
+        raise AssertionError("must not run")
 
 
 class TooFewAccelerators(FSDPTest):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import List, Optional
 
+import pytest
 import torch
 import torch.nn as nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -23,6 +24,7 @@ class TestFullGradsSingleProcess(TestCase):
             fsdp1_full_grads(nn.Linear(2, 2))
 
 
+@pytest.mark.slow
 class TestFullGrads(FSDPTest):
     @property
     def world_size(self) -> int:

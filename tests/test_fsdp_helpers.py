@@ -8,6 +8,7 @@ import unittest
 from typing import Any, Dict, List
 from unittest import mock
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -200,6 +201,7 @@ class TestHelpersSingleProcess(TestCase):
         self.assertIs(function_cls.__dict__["backward"], original_backward)
 
 
+@pytest.mark.slow
 class TestHelpersMultiProcess(FSDPTest):
     @property
     def world_size(self) -> int:

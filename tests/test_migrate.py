@@ -22,6 +22,8 @@ import unittest
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import pytest
+
 from harness.migrate import Provided, main, migrate_source
 from tests.fixtures import REPO, child_env
 
@@ -46,6 +48,7 @@ FSDP1_BEFORE = '''\
 
 import sys
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffload
@@ -390,6 +393,19 @@ def migrate(*args: str, names: Optional[List[str]] = None,
                           text=True, timeout=300)
 
 
+def migrate_here(*args: str) -> subprocess.CompletedProcess:
+    """The command's main called in this process, with the harness's real names: the same
+    code and output as `python -m harness.migrate`, without starting an interpreter."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as stop:
+            code = stop.code
+    return subprocess.CompletedProcess(["python", "-m", "harness.migrate", *args], code,
+                                       out.getvalue(), err.getvalue())
+
+
 class TempDirTest(unittest.TestCase):
     def setUp(self) -> None:
         tmp = tempfile.TemporaryDirectory(prefix="migrate-test-")
@@ -397,6 +413,7 @@ class TempDirTest(unittest.TestCase):
         self.root = Path(tmp.name)
 
 
+@pytest.mark.slow
 class TestUpstreamStyleFolder(unittest.TestCase):
     """A folder of upstream-style FSDP1, FSDP2 and DTensor files, migrated once for the class
     (the tests below only read it, or check that a second run leaves it as it is)."""
@@ -456,6 +473,7 @@ class TestUpstreamStyleFolder(unittest.TestCase):
 
 
 
+@pytest.mark.slow
 class TestNamesAddedLater(TempDirTest):
     def test_a_name_the_harness_provides_later_joins_the_harness_import(self) -> None:
         path = self.root / "test_fsdp_core.py"
@@ -470,13 +488,13 @@ class TestNamesAddedLater(TempDirTest):
 
 
 class TestCheckAndExitCodes(TempDirTest):
-    """`python -m harness.migrate` itself (the harness's real names)."""
+    """The command's main with the harness's real names (in this process: it starts none)."""
 
     def test_clean_file_exits_0(self) -> None:
         path = self.root / "test_clean.py"
         path.write_text("from harness import FSDPTest, run_tests\n")
         for args in ([], ["--check"]):
-            result = migrate(*args, str(path))
+            result = migrate_here(*args, str(path))
             self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
             self.assertEqual(result.stdout, "migrate: 0 files "
                              f"{'would change' if args else 'changed'}, 1 unchanged, "
@@ -487,14 +505,14 @@ class TestCheckAndExitCodes(TempDirTest):
         text = "from torch.testing._internal.common_utils import run_tests  # entry point\n"
         path.write_text(text)
         before = os.stat(path)
-        result = migrate("--check", str(path))
+        result = migrate_here("--check", str(path))
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stdout, f"{path}: would move 1 name to harness (run_tests)\n"
                          "migrate: 1 files would change, 0 unchanged, 0 private imports left\n")
         self.assertEqual(path.read_text(), text)
         self.assertEqual(os.stat(path).st_mtime_ns, before.st_mtime_ns)
         self.assertEqual(sorted(os.listdir(self.root)), ["test_x.py"])
-        result = migrate(str(path))
+        result = migrate_here(str(path))
         self.assertEqual(result.returncode, 0, result.stdout)
         self.assertEqual(path.read_text(), "from harness import run_tests  # entry point\n")
 
@@ -503,7 +521,7 @@ class TestCheckAndExitCodes(TempDirTest):
         text = "from torch.testing._internal.common_utils import *\n"
         path.write_text(text)
         for args in (["--check"], []):
-            result = migrate(*args, str(path))
+            result = migrate_here(*args, str(path))
             self.assertEqual(result.returncode, 1)
             self.assertEqual(result.stdout.splitlines()[0], f"{path}: left 1: "
                              "torch.testing._internal.common_utils.* (star import)")
@@ -516,7 +534,7 @@ class TestCheckAndExitCodes(TempDirTest):
         body = "".join(f"    {name},\n" for name in names)
         path = self.root / "test_all.py"
         path.write_text(f"from torch.testing._internal.common_utils import (\n{body})\n")
-        result = migrate(str(path))
+        result = migrate_here(str(path))
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         tree = ast.parse(path.read_text())
         self.assertEqual([(node.module, sorted(a.name for a in node.names)) for node in tree.body],
@@ -529,7 +547,7 @@ class TestCheckAndExitCodes(TempDirTest):
                 "print('\u00e9')\r\n")
         path.write_bytes(text.encode("latin-1"))
         path.chmod(0o750)
-        result = migrate(str(path))
+        result = migrate_here(str(path))
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         self.assertEqual(path.read_bytes(), text.replace(
             "torch.testing._internal.common_utils", "harness").encode("latin-1"))
@@ -543,7 +561,7 @@ class TestCheckAndExitCodes(TempDirTest):
         link = self.root / "tests" / "test_link.py"
         link.parent.mkdir()
         link.symlink_to(target)
-        result = migrate(str(link), str(target))
+        result = migrate_here(str(link), str(target))
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         self.assertEqual(result.stdout.splitlines(), [
             f"{link}: moved 1 name to harness (run_tests)",
@@ -558,7 +576,7 @@ class TestBadInput(TempDirTest):
         text = "from torch.testing._internal.common_utils import run_tests\n"
         good.write_text(text)
         missing = self.root / "no_such_dir"
-        result = migrate(str(good), str(missing))
+        result = migrate_here(str(good), str(missing))
         self.assertEqual(result.returncode, 2)
         self.assertEqual(result.stderr, f"python -m harness.migrate: error: {missing}: "
                          "no such file or folder\n")
@@ -566,7 +584,7 @@ class TestBadInput(TempDirTest):
         self.assertEqual(good.read_text(), text)
 
     def test_no_path_is_a_one_line_usage_error(self) -> None:
-        result = migrate()
+        result = migrate_here()
         self.assertEqual(result.returncode, 2)
         self.assertEqual(len(result.stderr.splitlines()), 1, result.stderr)
         self.assertIn("PATH", result.stderr)
@@ -577,7 +595,7 @@ class TestBadInput(TempDirTest):
         broken.write_text(broken_text)
         good = self.root / "test_good.py"
         good.write_text("from torch.testing._internal.common_utils import run_tests\n")
-        result = migrate(str(self.root))
+        result = migrate_here(str(self.root))
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stdout.splitlines(), [
             f"{broken}: cannot parse: invalid syntax (line 2); left untouched",

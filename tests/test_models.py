@@ -14,6 +14,7 @@ import warnings
 from typing import Any, Dict, List
 from unittest import mock
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -134,6 +135,7 @@ class TestMLP(TestCase):
             MLP(4, None, False)  # type: ignore[misc]
 
 
+@pytest.mark.slow
 class TestParityWithUpstream(TestCase):
     """Every model, built from harness and from upstream's common_fsdp the same way, is the
     same model: module types, parameter names/shapes/values, input, output, loss, gradients,

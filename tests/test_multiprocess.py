@@ -19,6 +19,7 @@ import unittest
 from typing import Any, Dict, List, Optional, Tuple
 from unittest import mock
 
+import pytest
 import torch.distributed as dist
 
 from harness import devices
@@ -97,6 +98,7 @@ class FaultTestBase(unittest.TestCase):
             return f.read()
 
 
+@pytest.mark.slow
 class TestOutcomes(FaultTestBase):
     def test_pass(self) -> None:
         case, result = self.run_case(fault_cases.Passing, "test_all_reduce")
@@ -186,16 +188,20 @@ class TestSkips(FaultTestBase):
         self.assertEqual(len(result.skipped), 1)
         return result.skipped[0][1]
 
+    @pytest.mark.slow
     def test_skip_on_one_rank(self) -> None:
         self.assertEqual(self.skip_reason("test_skip_on_rank_1"), "rank 1 cannot run this")
 
+    @pytest.mark.slow
     def test_skip_on_all_ranks(self) -> None:
         self.assertEqual(self.skip_reason("test_skip_on_all_ranks"), "no rank can run this")
 
+    @pytest.mark.slow
     def test_skip_by_sys_exit_with_skip_code(self) -> None:
         reason = self.skip_reason("test_skip_by_sys_exit")
         self.assertEqual(reason, TEST_SKIPS["multi-gpu-2"].message)
 
+    @pytest.mark.slow
     def test_skip_by_exit_code(self) -> None:
         reason = self.skip_reason("test_skip_by_exit_code")
         self.assertEqual(reason, TEST_SKIPS["small_worldsize"].message)
@@ -208,6 +214,7 @@ class TestSkips(FaultTestBase):
         self.assertFalse(os.path.exists(os.path.join(self.fault_dir, "started")))
 
 
+@pytest.mark.slow
 class TestGrid(FaultTestBase):
     def test_failing_points_reported_each_and_the_rest_still_run(self) -> None:
         case, result = self.run_case(fault_cases.Grid, "test_grid")
@@ -238,6 +245,7 @@ class TestGrid(FaultTestBase):
 
 
 class TestIsolation(FaultTestBase):
+    @pytest.mark.slow
     def test_rank_environment_and_private_files(self) -> None:
         case, result = self.run_case(fault_cases.Passing, "test_rank_environment")
         self.assertTrue(result.wasSuccessful(), result.failures)
@@ -248,6 +256,7 @@ class TestIsolation(FaultTestBase):
             self.assertFalse(os.path.exists(rank_temp))
         self.assertFalse(os.path.exists(work_dir))
 
+    @pytest.mark.slow
     def test_no_leftover_files_after_a_crash(self) -> None:
         case, _ = self.run_case(fault_cases.Failing, "test_sigkill_on_rank_1")
         self.assertFalse(os.path.exists(os.path.dirname(case.file_name)))
@@ -314,9 +323,11 @@ class TestIsolation(FaultTestBase):
         )
         self.assertTrue(_wait_until(lambda: not os.path.exists(work_dir), 10), work_dir)
 
+    @pytest.mark.slow
     def test_interrupted_parent_leaves_no_orphans(self) -> None:
         self._run_parent_then(signal.SIGINT)
 
+    @pytest.mark.slow
     def test_killed_parent_leaves_no_orphans(self) -> None:
         self._run_parent_then(signal.SIGKILL)
 
@@ -401,6 +412,7 @@ if __name__ == "__main__":
 
 
 class TestStartAndModes(FaultTestBase):
+    @pytest.mark.slow
     def test_script_run_as_main_is_preloaded_in_the_forkserver(self) -> None:
         script = os.path.join(self.fault_dir, "script_suite.py")
         with open(script, "w") as f:
@@ -412,6 +424,7 @@ class TestStartAndModes(FaultTestBase):
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertIn("Ran 1 test", done.stderr)
 
+    @pytest.mark.slow
     def test_spawn_start_method(self) -> None:
         _, result = self.run_case(
             fault_cases.Passing, "test_all_reduce", env={"HARNESS_START_METHOD": "spawn"}

@@ -3,6 +3,7 @@
 import enum
 import unittest
 
+import pytest
 import torch
 
 from harness import TestCase, instantiate_parametrized_tests, parametrize, run_subtests, subtest
@@ -174,6 +175,7 @@ class ParametrizeTest(unittest.TestCase):
                 pass
 
 
+@pytest.mark.slow
 class DifferentialIdsTest(unittest.TestCase):
     """The same declarations under upstream's installed harness and this one: same ids."""
 

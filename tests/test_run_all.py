@@ -1,11 +1,14 @@
 """run_all.py as a user runs it: a subprocess, checked by exit code, closing line and files.
 
 The modules it runs are the tiny fixtures in tests/fixtures/ (passing, failing, skipping,
-grid points, a module that cannot be imported), so every expected count is known.
+grid points, a module that cannot be imported), so every expected count is known. Bad input
+and --list start no test, so those cases call run_all's main in this process (fast tier);
+every case that runs tests starts run_all.py as a subprocess (`slow`).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import pty
 import re
@@ -16,11 +19,15 @@ import tempfile
 import threading
 import unittest
 import xml.etree.ElementTree as ET
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
+from unittest import mock
 
+import pytest
 import torch
 
+from harness.runner.cli import run_all_main
 from tests.fixtures import REPO, child_env
 
 PASS = "tests.fixtures.runner_pass"
@@ -46,6 +53,26 @@ def run_all(*args: str, env: Optional[Dict[str, str]] = None) -> subprocess.Comp
     )
 
 
+@contextmanager
+def _working_dir(path: Path) -> Iterator[None]:
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def run_all_here(*args: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """run_all's main called in this process, as `run_all()` would run it (same cwd and env,
+    restored after): for bad input and --list, which exit before any test starts."""
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ, child_env(env), clear=True), _working_dir(REPO), \
+            redirect_stdout(out), redirect_stderr(err):
+        code = run_all_main(list(args))
+    return subprocess.CompletedProcess(["run_all.py", *args], code, out.getvalue(), err.getvalue())
+
+
 def last_line(text: str) -> str:
     lines = text.strip().splitlines()
     return lines[-1] if lines else ""
@@ -62,6 +89,7 @@ def xml_cases(folder: str) -> Dict[str, ET.Element]:
     return cases
 
 
+@pytest.mark.slow
 class TestPassingRun(unittest.TestCase):
     """`run_all.py <passing module> --save-xml DIR`: exit 0, table, closing line, XML."""
 
@@ -98,6 +126,7 @@ class TestPassingRun(unittest.TestCase):
         self.assertNotIn("\r", self.proc.stderr)
 
 
+@pytest.mark.slow
 class TestFailingRun(unittest.TestCase):
     """Failures, errors, a failing grid point and a module that cannot be imported."""
 
@@ -138,13 +167,18 @@ class TestFailingRun(unittest.TestCase):
         self.assertIn(f"{BROKEN}.ImportFailure.test_import", self.cases)
 
 
+def listed_ids(test: unittest.TestCase, *args: str) -> List[str]:
+    """The ids `run_all.py --list ARGS` prints (in this process: listing starts no test)."""
+    proc = run_all_here("--list", *args)
+    test.assertEqual(proc.returncode, 0, proc.stderr)
+    return proc.stdout.split()
+
+
 class TestSelection(unittest.TestCase):
-    """--list, -k, module names, shards, --repeat."""
+    """--list, -k, module names, shards."""
 
     def listed(self, *args: str) -> List[str]:
-        proc = run_all("--list", *args)
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        return proc.stdout.split()
+        return listed_ids(self, *args)
 
     def test_list_prints_ids_only(self) -> None:
         self.assertEqual(self.listed(PASS, FAIL), FIXTURE_IDS)
@@ -169,10 +203,15 @@ class TestSelection(unittest.TestCase):
         self.assertTrue(all(shards))
         self.assertEqual(shards[0], self.listed(PASS, FAIL, "--shard", "1", "3"))
 
+
+@pytest.mark.slow
+class TestSelectedRuns(unittest.TestCase):
+    """A shard and --repeat run what --list says they select."""
+
     def test_shard_runs_only_its_tests(self) -> None:
         proc = run_all(PASS, "--shard", "2", "2", "-v")
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        listed = self.listed(PASS, "--shard", "2", "2")
+        listed = listed_ids(self, PASS, "--shard", "2", "2")
         ran = re.findall(r"^\[\d+/\d+\] \w+ +(\S+)", proc.stderr, re.MULTILINE)
         self.assertEqual(ran, listed)
         # sorted ids: test_grid, test_one, test_two, TestSkips.test_skipped -> shard 2 gets 1 and 3
@@ -185,6 +224,7 @@ class TestSelection(unittest.TestCase):
         self.assertEqual(last_line(proc.stdout), "3 passed, 0 failed, 0 skipped")
 
 
+@pytest.mark.slow
 class TestRunControl(unittest.TestCase):
     """-x, -v, -q, progress, and the env knobs set by flags."""
 
@@ -286,7 +326,7 @@ class TestBadInput(unittest.TestCase):
     def test_bad_inputs(self) -> None:
         for name, (args, expected) in self.CASES.items():
             with self.subTest(name):
-                proc = run_all(*args)
+                proc = run_all_here(*args)
                 self.assertEqual(proc.returncode, 2, proc.stderr)
                 self.assertEqual(len(proc.stderr.splitlines()), 1, proc.stderr)
                 self.assertIn(expected, proc.stderr)
@@ -297,7 +337,7 @@ class TestBadInput(unittest.TestCase):
         for name, value in (("HARNESS_WORLD_SIZE", "lots"), ("HARNESS_PROGRESS_INTERVAL", "x"),
                             ("HARNESS_ALLOW_CPU", "yes")):
             with self.subTest(name):
-                proc = run_all(PASS, env={name: value})
+                proc = run_all_here(PASS, env={name: value})
                 self.assertEqual(proc.returncode, 2)
                 self.assertEqual(len(proc.stderr.splitlines()), 1, proc.stderr)
                 self.assertIn(f"run_all.py: error: {name}='{value}'", proc.stderr)
@@ -307,6 +347,7 @@ class TestBadInput(unittest.TestCase):
 ALLOW_CPU_FILE = "tests/upstream_style/allow_cpu_fsdp1.py"
 
 
+@pytest.mark.slow
 @unittest.skipIf(torch.cuda.is_available(), "the switch changes nothing where accelerators exist")
 class TestAllowCpu(unittest.TestCase):
     """--allow-cpu: a GPU-written file runs on CPU, its adaptations summed up after the table."""

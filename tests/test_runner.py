@@ -6,15 +6,20 @@ The files run are the fixtures in tests/fixtures/, which end with
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
 import tempfile
 import unittest
 import xml.etree.ElementTree as ET
+from contextlib import redirect_stderr
 from pathlib import Path
 from typing import Optional
 
+import pytest
+
+from harness.runner.main import run_tests
 from tests.fixtures import REPO, child_env
 
 FIXTURES = REPO / "tests" / "fixtures"
@@ -28,6 +33,7 @@ def run_file(name: str, *args: str, cwd: Optional[str] = None) -> subprocess.Com
 
 
 
+@pytest.mark.slow
 class TestSuitesRunStandalone(unittest.TestCase):
     """The real suites run the three ways users run one file, and pass."""
 
@@ -54,6 +60,7 @@ class TestSuitesRunStandalone(unittest.TestCase):
         self.assertNotIn("failed", proc.stdout.splitlines()[-1])
 
 class TestRunTestsFlags(unittest.TestCase):
+    @pytest.mark.slow
     def test_passing_file_exits_0_and_failing_file_exits_1(self) -> None:
         passing = run_file("runner_pass.py")
         self.assertEqual(passing.returncode, 0, passing.stderr)
@@ -63,12 +70,14 @@ class TestRunTestsFlags(unittest.TestCase):
         self.assertEqual(failing.returncode, 1)
         self.assertIn("FAILED (failures=2, errors=1)", failing.stderr)
 
+    @pytest.mark.slow
     def test_unittest_arguments_pass_through(self) -> None:
         proc = run_file("runner_pass.py", "-v", "-k", "test_t", "TestPasses")
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("test_two (__main__.TestPasses.test_two) ... ok", proc.stderr)
         self.assertIn("Ran 1 test", proc.stderr)
 
+    @pytest.mark.slow
     def test_list_prints_selected_ids_that_the_file_takes_back(self) -> None:
         proc = run_file("runner_pass.py", "--list", "-k", "test_t")
         self.assertEqual(proc.returncode, 0, proc.stderr)
@@ -78,22 +87,28 @@ class TestRunTestsFlags(unittest.TestCase):
         self.assertIn("test_two (__main__.TestPasses.test_two) ... ok", again.stderr)
         self.assertIn("Ran 1 test", again.stderr)
 
+    @pytest.mark.slow
     def test_repeat_runs_each_test_n_times(self) -> None:
         proc = run_file("runner_pass.py", "--repeat", "3", "-k", "test_one")
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("Ran 3 tests", proc.stderr)
 
+    @pytest.mark.slow
     def test_seed_sets_every_tests_seed(self) -> None:
         proc = run_file("runner_config.py", "--seed", "77", "-k", "reports_config")
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("seed=77", proc.stdout)
 
     def test_bad_flag_value_is_one_line_and_exit_2(self) -> None:
-        proc = run_file("runner_pass.py", "--repeat", "zero")
-        self.assertEqual(proc.returncode, 2)
-        self.assertEqual(proc.stderr.strip(),
+        # in this process: the flags are parsed before the file's tests are looked at
+        err = io.StringIO()
+        with redirect_stderr(err), self.assertRaises(SystemExit) as stop:
+            run_tests([str(FIXTURES / "runner_pass.py"), "--repeat", "zero"])
+        self.assertEqual(stop.exception.code, 2)
+        self.assertEqual(err.getvalue().strip(),
                          "runner_pass.py: error: argument --repeat: 'zero' is not an integer")
 
+    @pytest.mark.slow
     def test_save_xml_default_dir_and_one_testcase_per_test(self) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             proc = run_file("runner_fail.py", "--save-xml", cwd=tmp)
@@ -106,6 +121,7 @@ class TestRunTestsFlags(unittest.TestCase):
         self.assertEqual(grid.get("message"), "1 grid point(s) failed: (a=1, b=2)")
         self.assertEqual(cases["test_error"].find("error").get("type"), "ValueError")
 
+    @pytest.mark.slow
     def test_save_xml_into_named_dir(self) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             proc = run_file("runner_pass.py", f"--save-xml={tmp}/out")

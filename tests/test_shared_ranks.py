@@ -20,11 +20,15 @@ import unittest
 from typing import Any, Dict, List, Tuple
 from unittest import mock
 
+import pytest
+
 from harness.process import forkserver
 from harness.skips import TEST_SKIPS
 from tests import fault_cases
 from tests.fault_cases import FAULT_DIR_ENV
 from tests.test_multiprocess import ROOT, RecordingResult, _alive, _wait_until
+
+pytestmark = pytest.mark.slow  # every test starts a class's rank processes
 
 
 class SharedCaseTest(unittest.TestCase):

@@ -21,6 +21,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import pytest
+
 from harness.runner import lifecycle
 from tests.fixtures import REPO, child_env
 
@@ -194,6 +196,7 @@ class RunnerInASession(unittest.TestCase):
         self.assertEqual(xml_cases(self.dirs["xml"]), [f"{classname}.test_a_quick"])
 
 
+@pytest.mark.slow
 class TestStopSignals(RunnerInASession):
     """SIGTERM and SIGHUP stop a run as Ctrl-C does: ranks stopped, what finished reported
     (table, XML), `interrupted: ...` as the closing line, exit 128 + the signal's number."""
@@ -240,6 +243,7 @@ class TestStopSignals(RunnerInASession):
         self.check_run_tests(signal.SIGHUP, 129)
 
 
+@pytest.mark.slow
 class TestKilledRunner(RunnerInASession):
     def test_sigkill_of_run_all_leaves_nothing_within_seconds(self) -> None:
         """The ranks and the forkserver notice that the runner is gone: they remove their
@@ -257,6 +261,7 @@ class TestKilledRunner(RunnerInASession):
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 class TestNormalExit(RunnerInASession):
     """A finished run has stopped and reaped every process it started before it exits."""
 
@@ -277,6 +282,7 @@ class TestNormalExit(RunnerInASession):
         self.assert_nothing_left()
 
 
+@pytest.mark.slow
 class TestSuitesStoppingAtImport(RunnerInASession):
     """A suite that exits or raises at import is reported, never silently dropped."""
 

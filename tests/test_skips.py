@@ -6,6 +6,7 @@ import sys
 import unittest
 from unittest import mock
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -40,6 +41,23 @@ def gpus(count):
     return patches
 
 
+class PerRank(unittest.TestCase):
+    """A case whose requirements the FSDP-style checks read."""
+
+    __test__ = False
+
+    def test_plain(self):
+        pass
+
+    @skip_if_lt_x_gpu(3)
+    def test_gated(self):
+        pass
+
+    @skip_if_lt_x_gpu(2, allow_cpu=True)
+    def test_allows_cpu(self):
+        pass
+
+
 class SkipsTest(unittest.TestCase):
     def use_gpus(self, count):
         for patch in gpus(count):
@@ -55,12 +73,31 @@ class SkipsTest(unittest.TestCase):
         self.assertEqual(len(SKIP_BY_EXIT_CODE), len(TEST_SKIPS), "exit codes must be unique")
 
     def test_one_accelerator_per_rank(self):
+        """FSDP's bases: one accelerator per rank, on CPU too (upstream's ranks exit with a
+        skip code), unless the CPU is allowed: HARNESS_ALLOW_CPU=1 or the test's allow_cpu."""
+        case = PerRank("test_plain")
         self.use_gpus(1)
         message = r"^Need at least 2 CUDA devices \(1 found\)$"
         with self.assertRaisesRegex(unittest.SkipTest, message):
-            skips.require_accelerator_per_rank(2, "cuda")
-        skips.require_accelerator_per_rank(1, "cuda")  # enough: no skip
-        skips.require_accelerator_per_rank(2, "cpu")  # CPU ranks need no accelerator
+            skips.require_accelerator_per_rank(case, 2)
+        skips.require_accelerator_per_rank(case, 1)  # enough: no skip
+        self.use_gpus(0)
+        with self.assertRaisesRegex(unittest.SkipTest, r"^Need at least 1 CUDA device \(0 found"):
+            skips.require_accelerator_per_rank(case, 1)
+        skips.require_accelerator_per_rank(PerRank("test_allows_cpu"), 2)
+        with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "1"}):
+            skips.require_accelerator_per_rank(case, 2)
+
+    def test_cpu_gate_is_the_count_the_cpu_stands_in_for(self):
+        self.use_gpus(0)
+        self.assertEqual(skips.cpu_gate(PerRank("test_plain")), 0)
+        self.assertEqual(skips.cpu_gate(PerRank("test_gated")), 0)  # would skip: no gate
+        self.assertEqual(skips.cpu_gate(PerRank("test_allows_cpu")), 2)
+        with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "1"}):
+            self.assertEqual(skips.cpu_gate(PerRank("test_gated")), 3)
+            self.assertEqual(skips.cpu_gate(PerRank("test_plain")), 0)
+        self.use_gpus(4)
+        self.assertEqual(skips.cpu_gate(PerRank("test_allows_cpu")), 0)
 
     def test_skips_on_cpu_with_a_reason_that_says_accelerator(self):
         self.use_gpus(0)
@@ -334,6 +371,7 @@ class SkipsTest(unittest.TestCase):
             self.assertEqual(skip_if_rocm_multiprocess(fn).__unittest_skip_why__,
                              TEST_SKIPS["skipIfRocm"].message)
 
+    @pytest.mark.slow
     def test_flags_are_read_from_the_upstream_variables(self):
         code = (
             "import harness; "

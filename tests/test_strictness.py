@@ -34,6 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import pytest
+
+pytestmark = pytest.mark.slow  # every test runs a suite's ranks
+
 FAULT_ENV = "HARNESS_STRICTNESS_FAULT"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 600

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Tuple
 from unittest import mock
 
 import numpy
+import pytest
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -334,6 +335,7 @@ def print_upstream_verdicts() -> None:
     print(json.dumps(verdicts))
 
 
+@pytest.mark.slow
 class AssertEqualMatchesUpstreamTest(unittest.TestCase):
     """Differential: the same pairs through upstream's assertEqual and ours agree."""
 
@@ -366,6 +368,7 @@ class UpstreamTestCaseHelpersTest(TestCase):
             self.assertNotWarn(lambda: warnings.warn("again", DeprecationWarning, stacklevel=1))
         self.assertEqual(torch.is_warn_always_enabled(), warn_always)
 
+    @pytest.mark.slow
     def test_attempt_load_from_subprocess(self):
         with tempfile.TemporaryDirectory() as folder:
             plain = pathlib.Path(folder, "plain.pt")

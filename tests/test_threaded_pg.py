@@ -18,6 +18,7 @@ import unittest
 from functools import cache
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -250,6 +251,7 @@ def run_on_threads(
     return results, errors
 
 
+@pytest.mark.slow
 class TestAgainstGloo(TestCase):
     """Same script, same inputs: the threaded backend's results equal gloo's."""
 

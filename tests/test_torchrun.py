@@ -5,7 +5,9 @@ verdict. Covers: a default group created and destroyed per test (repeated init o
 store), grid points across ranks, a skip on one rank, a failure on one rank failing the test
 with that rank's traceback, a rank that does not report in time stopping the run, a world size
 other than the launched one skipping, JUnit XML from rank 0, a launcher without torchrun's
-agent store, and real suite tests (`torchrun --standalone --nproc-per-node 2 run_all.py -k ...`).
+agent store (opted in with HARNESS_LAUNCHED=1), stray launch variables that are not a launch
+(against upstream's harness), and real suite tests
+(`torchrun --standalone --nproc-per-node 2 run_all.py -k ...`).
 """
 
 from __future__ import annotations
@@ -16,17 +18,19 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import unittest
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Dict, List, Tuple
 from unittest import mock
 
+import pytest
 import torch.distributed as dist
 
 from harness import MultiProcessTestCase, devices
 from harness.process import torchrun as torchrun_launcher
-from tests.fixtures import REPO, child_env
+from tests.fixtures import REPO, child_env, upstream_diff
 
 RANKS = "tests.fixtures.torchrun_ranks"
 TORCHRUN = shutil.which("torchrun")
@@ -49,6 +53,7 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 class TestTorchrunPassing(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
@@ -81,6 +86,7 @@ class TestTorchrunPassing(unittest.TestCase):
         )
 
 
+@pytest.mark.slow
 class TestTorchrunFailures(unittest.TestCase):
     def test_failure_on_one_rank_fails_the_test(self) -> None:
         proc = torchrun(RANKS, "-k", "TestRankFailure")
@@ -127,6 +133,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 class TestOtherLaunchers(unittest.TestCase):
     def test_without_torchruns_agent_store_rank_0_hosts_it(self) -> None:
         port = str(free_port())
@@ -134,7 +141,7 @@ class TestOtherLaunchers(unittest.TestCase):
             subprocess.Popen(
                 [sys.executable, "run_all.py", RANKS, "-k", "TestRanks"],
                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                env=child_env({"RANK": str(rank), "WORLD_SIZE": "2",
+                env=child_env({"RANK": str(rank), "WORLD_SIZE": "2", "HARNESS_LAUNCHED": "1",
                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}),
             )
             for rank in (0, 1)
@@ -149,8 +156,22 @@ class TestTorchrunHere(unittest.TestCase):
     """The launcher's functions in this process, with a launch environment of one rank."""
 
     def env(self, rank: str = "0", world_size: str = "1") -> Dict[str, str]:
+        """What torchrun's agent sets for a worker (its own variables included)."""
         return {"RANK": rank, "WORLD_SIZE": world_size, "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(free_port())}
+                "MASTER_PORT": str(free_port()), "TORCHELASTIC_RUN_ID": "test",
+                "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": world_size}
+
+    def test_stray_launch_variables_are_not_a_launch(self) -> None:
+        """RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT left in the environment (a pod, an env://
+        test) change nothing; HARNESS_LAUNCHED=1 opts in for launchers that set only those."""
+        stray = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": "29500"}
+        with mock.patch.dict(os.environ, child_env(stray), clear=True):
+            self.assertIsNone(torchrun_launcher.launched())
+            self.assertEqual(4, MultiProcessTestCase.world_size)
+            os.environ["HARNESS_LAUNCHED"] = "1"
+            self.assertEqual((0, 1), torchrun_launcher.launched())
+            self.assertEqual(1, MultiProcessTestCase.world_size)  # the launched processes
 
     def test_who_reports(self) -> None:
         with mock.patch.dict(os.environ, child_env(), clear=True):
@@ -214,6 +235,46 @@ def _rank_cases() -> Tuple[type, type]:
     return OneRank, TwoRanks
 
 
+STRAY_PROBE = textwrap.dedent('''
+    import torch
+    import torch.distributed as dist
+
+
+    class TwoRanks(MultiProcessTestCase):
+        world_size = 2
+
+        def setUp(self):
+            super().setUp()
+            self._spawn_processes()
+
+        def test_all_reduce(self):
+            dist.init_process_group("gloo", init_method=f"file://{self.file_name}",
+                                    rank=self.rank, world_size=self.world_size)
+            value = torch.ones(1)
+            dist.all_reduce(value)
+            assert value.item() == 2.0, value
+
+
+    if __name__ == "__main__":
+        run_tests()
+''')
+
+
+@pytest.mark.slow
+class TestStrayLaunchVariables(unittest.TestCase):
+    def test_stray_variables_change_nothing_as_upstream(self) -> None:
+        """A multi-rank test with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT in the environment
+        (WORLD_SIZE=1: the old detection skipped it) runs as under upstream's harness."""
+        stray = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(free_port())}
+        names = {"common_distributed": ["MultiProcessTestCase"], "common_utils": ["run_tests"]}
+        theirs = upstream_diff.outcomes(STRAY_PROBE, names, upstream=True, env=stray)
+        ours = upstream_diff.outcomes(STRAY_PROBE, names, upstream=False, env=stray)
+        self.assertEqual(theirs, {"TwoRanks.test_all_reduce": "passed"})
+        self.assertEqual(ours, theirs)
+
+
+@pytest.mark.slow
 class TestRealSuite(unittest.TestCase):
     def test_suite_tests_under_torchrun(self) -> None:
         """Two FSDPTest tests: each initialises and destroys the default group in-process."""

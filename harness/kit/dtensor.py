@@ -131,10 +131,10 @@ class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
     @property
     def backend(self) -> str:
         """The default collective backend of this test's device type (gloo on CPU)."""
-        return dist.get_default_backend_for_device(self.device_type)
+        return devices.backend_for(self.device_type)
 
     def _supported_backends(self) -> Tuple[str, ...]:
-        own = f"cpu:gloo,{self.device_type}:{dist.get_default_backend_for_device(self.device_type)}"
+        own = f"cpu:gloo,{self.device_type}:{devices.backend_for(self.device_type)}"
         return (
             "nccl", "gloo", "mpi", own, "cpu:gloo", "cpu:gloo,cuda:nccl", "cpu:gloo,cuda:ncclx",
             "cuda:ncclx", "hccl", "xccl", "fake", "cpu:gloo,xpu:xccl",
@@ -191,7 +191,7 @@ class DTensorContinuousTestBase(DTensorTestMixin, MultiProcContinuousTest):
 
     @classmethod
     def backend_str(cls) -> str:
-        return dist.get_default_backend_for_device(devices.device_type())
+        return devices.backend_for(devices.device_type())
 
     @classmethod
     def _init_pg(cls, rank: int, world_size: int, rdvz_file: str) -> None:

@@ -35,6 +35,7 @@ from harness.process.case import MAIN_PROCESS_RANK, MultiProcessTestCase
 from harness.skips import require_accelerator_per_rank
 from harness.threads.case import MultiThreadedTestCase
 from harness.threads.world import RankReleased
+from harness.world_size import BaseWorldSize
 
 
 class _RankDevice:
@@ -303,8 +304,13 @@ class FSDPTest(FSDPTestMixin, _RankDevice, MultiProcessTestCase):
     """MultiProcessTestCase whose ranks run each test inside an initialised default group.
 
     `device`, `device_type` and `process_group` are properties, so suites may override them
-    (upstream suites do, e.g. `process_group` returning the default group).
+    (upstream suites do, e.g. `process_group` returning the default group). As upstream, the
+    world size defaults to the accelerator count (1 without one), and a test skips with
+    fewer accelerators than ranks, on CPU too, unless the CPU is allowed (HARNESS_ALLOW_CPU=1
+    or the test's `skip_if_lt_x_gpu(n, allow_cpu=True)`).
     """
+
+    world_size: int = BaseWorldSize(per_device=True, launched=True)  # type: ignore[assignment]
 
     @property
     def destroy_pg_upon_exit(self) -> bool:
@@ -312,9 +318,9 @@ class FSDPTest(FSDPTestMixin, _RankDevice, MultiProcessTestCase):
         return False
 
     def checked_rank_settings(self) -> Tuple[int, float]:
-        """The base's checks, then one accelerator per rank unless the device type is CPU."""
+        """The base's checks, then one accelerator per rank unless the CPU is allowed."""
         world_size, timeout = super().checked_rank_settings()
-        require_accelerator_per_rank(world_size, self.device_type)
+        require_accelerator_per_rank(self, world_size)
         return world_size, timeout
 
     def setUp(self) -> None:
@@ -346,8 +352,11 @@ class FSDPTestMultiThread(_RankDevice, MultiThreadedTestCase):
     Each rank thread's default group (backend `threaded`) is initialised before setUp, the
     rank's device is selected and a barrier keeps the ranks together; after the case, a
     barrier (skipped when this rank failed) and the group's destruction. `device`,
-    `device_type` and `process_group` are properties, as in FSDPTest.
+    `device_type` and `process_group` are properties, as in FSDPTest. The world size defaults
+    to the accelerator count (1 without one), as upstream's.
     """
+
+    world_size: int = BaseWorldSize(per_device=True)  # type: ignore[assignment]
 
     def _init_rank_thread(self) -> None:
         super()._init_rank_thread()

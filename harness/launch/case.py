@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from harness import devices
 from harness.launch.context import RankContext
@@ -22,6 +22,7 @@ from harness.launch.report import RankRecord
 from harness.launch.verdict import apply_verdict, decide
 from harness.skips import check_case_requirements
 from harness.testcase import TestCase, route_test_method
+from harness.world_size import BaseWorldSize, fix_world_size, world_size_of, wrap_world_size
 
 # unittest and pytest hide frames of modules that define these, as unittest does for its
 # own: a multi-rank failure then shows the rank's traceback, not the supervisor's.
@@ -47,6 +48,13 @@ class RankedTestCase(TestCase):
     # A runner's own limit on this test (time.monotonic()), e.g. pytest-timeout's: the ranks are
     # stopped early enough for the harness's hang report to be what the user sees.
     deadline: Optional[float] = None
+    # How many ranks run the test (classes override it, as an int or a property): the base's
+    # default; once a run decided the number (harness/world_size.py), that number.
+    world_size: int = BaseWorldSize()  # type: ignore[assignment]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        wrap_world_size(cls)  # `self.world_size` reads the number the ranks run with
 
     def __init__(
         self, method_name: str = "runTest", methodName: str = "runTest"  # noqa: N803 - unittest's
@@ -57,12 +65,6 @@ class RankedTestCase(TestCase):
         self.rank_records: List[RankRecord] = []
         self._launcher: Optional[Launcher] = None
         route_test_method(self, self._join_ranks)
-
-    @property
-    def world_size(self) -> int:
-        """How many ranks run the test (classes override it): HARNESS_WORLD_SIZE, else one
-        per GPU, else 2."""
-        return devices.default_world_size()
 
     @property
     def is_master(self) -> bool:
@@ -81,13 +83,14 @@ class RankedTestCase(TestCase):
         """(world_size, timeout), checked before any rank starts: unmet requirements and a world
         size of 0 skip, a bad world size or timeout is a one-line config error."""
         check_case_requirements(self)
-        return devices.checked_rank_settings(self)
+        return devices.checked_rank_settings(self, world_size_of(self))
 
     def _start_ranks(self) -> None:
         """Start the ranks (supervisor only; a no-op in a rank and once started)."""
         if self.rank_context is not None or self._launcher is not None:
             return
-        self.checked_rank_settings()
+        world_size, _ = self.checked_rank_settings()
+        fix_world_size(self, world_size)
         if devices.debug_rank() is not None:  # a person steps through a rank: wait for them
             self.timeout = DEBUG_TIMEOUT_S
         launcher = self.make_launcher()
@@ -127,6 +130,7 @@ class RankedTestCase(TestCase):
         running the case); subclasses add what their ranks need."""
         self.rank_context = context
         self.rank = context.rank
+        fix_world_size(self, context.world_size)
 
     def _rank_failed(self) -> bool:
         """In a rank: whether this test already failed here, so peers may be out of step."""

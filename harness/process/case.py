@@ -15,10 +15,12 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from harness import devices
 from harness.launch.case import SUPERVISOR_RANK, RankedTestCase
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher
-from harness.process.launchers import FreshProcesses, default_world_size, process_launcher
+from harness.process.launchers import FreshProcesses, process_launcher
+from harness.world_size import BaseWorldSize, world_size_of
 
 MAIN_PROCESS_RANK = SUPERVISOR_RANK
 
@@ -32,6 +34,8 @@ class MultiProcessTestCase(RankedTestCase):
     """
 
     MAIN_PROCESS_RANK = MAIN_PROCESS_RANK
+    # Upstream's 4; under torchrun, the processes it launched (harness/world_size.py).
+    world_size: int = BaseWorldSize(launched=True)  # type: ignore[assignment]
     grid_sync_timeout: float = 30.0  # seconds a rank waits for the others after a grid point
 
     def __init__(
@@ -44,10 +48,6 @@ class MultiProcessTestCase(RankedTestCase):
 
     def make_launcher(self) -> Launcher:
         return process_launcher(FreshProcesses())
-
-    @property
-    def world_size(self) -> int:
-        return default_world_size()
 
     @property
     def destroy_pg_upon_exit(self) -> bool:
@@ -77,11 +77,6 @@ class MultiProcessTestCase(RankedTestCase):
 
     def attach_rank(self, context: RankContext) -> None:
         """In a rank: its number, and the test's rendezvous (`file_name`, `init_method`)."""
-        if self.world_size != context.world_size:
-            raise RuntimeError(
-                f"{type(self).__name__}.world_size is {self.world_size} in rank {context.rank} "
-                f"but {context.world_size} in the parent: it must not depend on the process"
-            )
         super().attach_rank(context)
         self.file_name = context.file_name or None
         self.init_method = context.init_method
@@ -98,7 +93,7 @@ class DistributedTestBase(MultiProcessTestCase):
 
     def setUp(self) -> None:
         previous = os.environ.get("WORLD_SIZE")
-        os.environ["WORLD_SIZE"] = str(self.world_size)
+        os.environ["WORLD_SIZE"] = str(world_size_of(self))
         self.addCleanup(_restore_env, "WORLD_SIZE", previous)
         super().setUp()
 
@@ -109,10 +104,7 @@ class DistributedTestBase(MultiProcessTestCase):
 
     def backend(self, device: str) -> str:
         """The collective backend for a device string: nccl, hccl, xccl, else gloo."""
-        for kind, backend in (("cuda", "nccl"), ("hpu", "hccl"), ("xpu", "xccl")):
-            if kind in device:
-                return backend
-        return "gloo"
+        return devices.backend_for(device)
 
     def create_pg(self, device: str, world_size: Optional[int] = None) -> dist.ProcessGroup:
         """Initialise the default group for `device` through this test's rendezvous; return it.

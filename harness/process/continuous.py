@@ -9,8 +9,9 @@ launcher); each test's events are reported as in the fresh-process mode. Beyond 
 there is no poison pill: a failing test fails alone, and a rank that crashes, exits or hangs
 fails only that test, the class's next test running on new ranks. Where a rank has no
 class-wide group (torchrun launched this process, which is then the rank), each test creates
-and destroys its own. The default ``timeout`` is the harness's (HARNESS_TIMEOUT, else 300 s),
-not upstream's 120 s.
+and destroys its own. As upstream, the class's ``timeout`` (a ``timedelta``, 120 s by default) is
+its process group's timeout; a test's time limit is every base's (harness/devices.py
+`test_timeout`: TIMEOUT_OVERRIDE, DISTRIBUTED_TESTS_DEFAULT_TIMEOUT, HARNESS_TIMEOUT, 300 s).
 """
 
 from __future__ import annotations
@@ -33,14 +34,7 @@ from harness.process import shared as shared_ranks
 from harness.process.case import MultiProcessTestCase
 from harness.process.launchers import SharedProcesses, process_launcher
 from harness.skips import require_accelerator_per_rank
-
-
-class _DefaultWorldSize:
-    """`world_size` until a class sets it (as an int or a property): the harness's default
-    (HARNESS_WORLD_SIZE, else one rank per GPU, else 2 CPU ranks), read when used."""
-
-    def __get__(self, obj: Any, owner: Any = None) -> int:
-        return devices.default_world_size()
+from harness.world_size import BaseWorldSize
 
 
 def class_device_type(cls: type) -> str:
@@ -58,26 +52,26 @@ def class_device_type(cls: type) -> str:
     raise TypeError(f"{cls.__name__}.device_type must be a classmethod, property or str")
 
 
+def _group_timeout(timeout: Any) -> timedelta:
+    """A class's `timeout` as the process group's: upstream's timedelta, or seconds."""
+    return timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+
+
 class MultiProcContinuousTest(MultiProcessTestCase):
     """Upstream's `MultiProcContinuousTest`: the tests of a class share its rank processes.
 
     In a rank, once per set of ranks, `_init_pg(rank, world_size, rdvz_file)` creates the
-    default group with `backend_str()` (None: torch picks per device) and `opts()`, and the
-    class attributes `pg`, `rank`, `world_size` and `rdvz_file` are set as upstream does. A
-    `timeout` given as a `timedelta` (upstream's type) is converted to seconds, the
-    harness's unit.
+    default group with `backend_str()` (None: torch picks per device), `opts()` and the
+    class's `timeout` (a `timedelta`; a number of seconds also limits each test), and the
+    class attributes `pg`, `rank`, `world_size` and `rdvz_file` are set as upstream does.
+    `world_size` defaults to the device count (1 on CPU), as upstream's.
     """
 
-    world_size: int = _DefaultWorldSize()  # type: ignore[assignment]
+    world_size: int = BaseWorldSize(per_device=True, launched=True)  # type: ignore[assignment]
+    timeout: Any = timedelta(seconds=120)  # upstream's: the process group's timeout
     rdvz_file: Optional[str] = None
     pg: Any = None
     poison_pill: bool = False  # upstream's flag; never set here, a failing test fails alone
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        timeout = vars(cls).get("timeout")
-        if isinstance(timeout, timedelta):
-            cls.timeout = timeout.total_seconds()
 
     @classmethod
     def backend_str(cls) -> Optional[str]:
@@ -108,7 +102,7 @@ class MultiProcContinuousTest(MultiProcessTestCase):
             world_size=world_size,
             rank=rank,
             pg_options=cls.opts(),
-            timeout=timedelta(seconds=float(cls.timeout)),
+            timeout=_group_timeout(cls.timeout),
             **rendezvous,
         )
         cls.pg = dist.group.WORLD
@@ -181,8 +175,9 @@ class FSDPTestContinuous(FSDPTestMixin, MultiProcContinuousTest):
     The backend follows the device type (nccl on GPUs, gloo on CPU); each rank uses its own
     device (`self.device`); `process_group` is the class's `pg`. The ranks meet before each
     test (the shared ranks' barrier); unlike upstream there is no barrier after it, where a
-    rank whose peer failed would wait for it in vain. With fewer accelerators than ranks the
-    test skips before any rank starts, as upstream's ranks do.
+    rank whose peer failed would wait for it in vain. With fewer accelerators than ranks (on
+    CPU: always, unless the CPU is allowed) the test skips before any rank starts, as
+    upstream's ranks do.
     """
 
     @classmethod
@@ -210,7 +205,7 @@ class FSDPTestContinuous(FSDPTestMixin, MultiProcContinuousTest):
         return type(self).pg
 
     def checked_rank_settings(self) -> Tuple[int, float]:
-        """The base's checks, then one accelerator per rank unless the device type is CPU."""
+        """The base's checks, then one accelerator per rank unless the CPU is allowed."""
         world_size, timeout = super().checked_rank_settings()
-        require_accelerator_per_rank(world_size, class_device_type(type(self)))
+        require_accelerator_per_rank(self, world_size)
         return world_size, timeout

@@ -51,7 +51,7 @@ class FreshProcesses(Launcher):
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         group = self._group
         assert group is not None, "join before start"
-        timeout = case.timeout
+        timeout = devices.test_timeout(case)
         return group.records, _timed_out_after(timeout, group.supervise(timeout))
 
     def close(self) -> None:
@@ -78,7 +78,7 @@ class SharedProcesses(Launcher):
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         ranks, self._sent_to = self._sent_to, None
         assert ranks is not None, "join before start"
-        timeout = case.timeout
+        timeout = devices.test_timeout(case)
         records, timed_out = ranks.finish_test(case, timeout)
         return records, _timed_out_after(timeout, timed_out)
 
@@ -90,22 +90,10 @@ class SharedProcesses(Launcher):
             self._sent_to = None
 
 
-def launched_by_torchrun() -> Optional[Tuple[int, int]]:
-    """(rank, world_size) when torchrun started this process: it is then one of the ranks."""
-    return devices.torchrun_env()
-
-
-def default_world_size() -> int:
-    """A process case's world size unless its class says: the ranks torchrun launched, else
-    the harness's default (HARNESS_WORLD_SIZE, one rank per GPU, else 2)."""
-    launched = launched_by_torchrun()
-    return launched[1] if launched is not None else devices.default_world_size()
-
-
 def process_launcher(default: Launcher) -> Launcher:
     """`default`, unless torchrun launched this process: then torchrun's launcher, which runs
     this rank here and meets the other launched processes (harness/process/torchrun.py)."""
-    if launched_by_torchrun() is None:
+    if devices.torchrun_env() is None:
         return default
     from harness.process.torchrun import TorchrunLauncher  # only needed under torchrun
 

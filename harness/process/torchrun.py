@@ -21,7 +21,8 @@ Two other things differ from the spawning harness, and both live here:
   the run stops), and lets rank 0 wait for the others at the end (`finish_run`).
 
 Works with torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True); for launchers that
-only set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, rank 0 hosts the store on MASTER_PORT.
+only set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (with HARNESS_LAUNCHED=1: those four alone
+never mean "launched"), rank 0 hosts the store on MASTER_PORT.
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ class RanksOutOfStep(RuntimeError):
 
 
 def launched() -> Optional[Tuple[int, int]]:
-    """(rank, world_size) when torchrun (or a launcher setting RANK, WORLD_SIZE and
-    MASTER_ADDR) started this process, else None; HarnessConfigError for malformed values."""
+    """(rank, world_size) when torchrun (or, with HARNESS_LAUNCHED=1, a launcher setting RANK,
+    WORLD_SIZE and MASTER_ADDR) started this process, else None; HarnessConfigError for
+    malformed values (the rule: harness/devices.py `torchrun_env`)."""
     return devices.torchrun_env()
 
 
@@ -89,7 +91,7 @@ def out_of_step() -> str:
 def _rank_and_world() -> Tuple[int, int]:
     found = launched()
     if found is None:
-        raise RuntimeError("not launched by torchrun: RANK, WORLD_SIZE and MASTER_ADDR are unset")
+        raise RuntimeError("not launched by torchrun (nor HARNESS_LAUNCHED=1)")
     return found
 
 
@@ -273,7 +275,7 @@ class TorchrunLauncher(Launcher):
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         global _out_of_step
         rank, world_size = _rank_and_world()
-        timeout = float(case.timeout)
+        timeout = devices.test_timeout(case)
         if world_size == 1:
             return [_run_here(case, rank, world_size)], None
         exchange = _rank_exchange()

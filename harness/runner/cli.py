@@ -28,7 +28,11 @@ from harness.runner.loader import (
     select,
     shard,
 )
+from harness.runner.order import ORDERS, OrderError, chosen_order, reorder
+from harness.runner.order import describe as describe_order
+from harness.runner.parallel import parse_jobs
 from harness.runner.progress import progress_interval
+from harness.testcase import SEED_ENV, current_seed
 
 DEFAULT_XML_DIR = "test-reports"
 
@@ -80,6 +84,11 @@ DEBUG_RANK_HELP = (
     "give rank N of each multi-rank test the terminal, for breakpoint()/pdb; the other ranks "
     "and the timeout wait for it (sets HARNESS_DEBUG_RANK)"
 )
+def _jobs(text: str) -> int:
+    try:
+        return parse_jobs(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 HARNESS_PROG = "python -m harness"
@@ -125,6 +134,18 @@ def run_all_parser(prog: str = RUN_ALL_PROG) -> argparse.ArgumentParser:
         "--repeat", type=_positive(int, "--repeat"), default=1, metavar="N",
         help="run every selected test N times",
     )
+    parser.add_argument(
+        "--order", choices=ORDERS,
+        help="run each class's tests and each file's classes in this order (HARNESS_ORDER)",
+    )
+    parser.add_argument(
+        "--seed", type=_integer("--seed"), metavar="N",
+        help="every test starts from seed N (sets HARNESS_SEED); also seeds --order shuffle",
+    )
+    parser.add_argument(
+        "-j", "--jobs", type=_jobs, default=1, metavar="N|auto",
+        help="run tests side by side within N cores (auto: the machine's)",
+    )
     parser.add_argument("--debug-rank", type=_rank, metavar="N", help=DEBUG_RANK_HELP)
     parser.add_argument("-x", "--failfast", action="store_true", help="stop at the first failure")
     loud = parser.add_mutually_exclusive_group()
@@ -145,6 +166,12 @@ def _apply_env(args: argparse.Namespace) -> None:
         os.environ[devices.TIMEOUT_ENV] = repr(args.timeout)
     if args.allow_cpu:
         os.environ[devices.ALLOW_CPU_ENV] = "1"
+    if args.seed is not None:
+        os.environ[SEED_ENV] = str(args.seed)
+    try:
+        args.order = chosen_order(args.order)
+    except OrderError as error:
+        raise UsageError(str(error)) from None
     if args.debug_rank is not None:
         os.environ[devices.DEBUG_RANK_ENV] = str(args.debug_rank)
     try:
@@ -156,7 +183,8 @@ def _apply_env(args: argparse.Namespace) -> None:
         devices.start_method()
         torchrun.launched()
         progress_interval()
-    except devices.HarnessConfigError as error:
+        current_seed()
+    except (devices.HarnessConfigError, ValueError) as error:
         raise UsageError(str(error)) from None
 
 
@@ -222,7 +250,10 @@ def _run_all(argv: Optional[Sequence[str]], prog: str) -> int:
         print_list(plan, sys.stdout)
         return 0
     verbosity = 0 if args.quiet else 2 if args.verbose else 1
-    options = Options(xml_dir=args.save_xml, failfast=args.failfast, verbosity=verbosity)
+    seed = current_seed()
+    options = Options(xml_dir=args.save_xml, failfast=args.failfast, verbosity=verbosity,
+                      order_note=describe_order(args.order, seed), jobs=args.jobs)
+    plan = [(module, reorder(tests, args.order, seed)) for module, tests in plan]
     with compat_cpu_defaults.adaptation_log():
         return Engine(repeat(plan, args.repeat), options).run()
 
@@ -235,5 +266,7 @@ def run_tests_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeat", type=_positive(int, "--repeat"), default=1)
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--allow-cpu", action="store_true")
+    parser.add_argument("--order")  # checked by order.chosen_order, which reads HARNESS_ORDER too
+    parser.add_argument("-j", "--jobs", type=_jobs, default=1)
     parser.add_argument("--debug-rank", type=_rank)
     return parser

@@ -13,12 +13,12 @@ import sys
 import time
 import unittest
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from harness import devices
 from harness.compat import cpu_defaults as compat_cpu_defaults
 from harness.process import forkserver, torchrun
-from harness.runner import lifecycle
+from harness.runner import lifecycle, parallel
 from harness.runner.junit import junit_result_class, stand_in_for, xml_runner
 from harness.runner.loader import Plan
 from harness.runner.progress import Progress, progress_interval
@@ -48,6 +48,8 @@ class Options:
     verbosity: int = 1
     stream: TextIO = field(default_factory=lambda: sys.stdout)
     progress_stream: TextIO = field(default_factory=lambda: sys.stderr)
+    order_note: Optional[str] = None  # the order tests ran in, when not the written one
+    jobs: int = 1  # -j: the cores (devices) tests may keep busy side by side
 
 
 class Engine:
@@ -60,7 +62,9 @@ class Engine:
     def __init__(self, plan: Plan, options: Options) -> None:
         self.plan, self.options = plan, options
         self.stats: Dict[str, SuiteStats] = {module: SuiteStats() for module, _ in plan}
-        self.failures: List[RunRecord] = []
+        self.failures: List[Tuple[Tuple[int, int], RunRecord]] = []  # (place, record)
+        self.xml_records: List[Tuple[Tuple[int, int], Any, RunRecord]] = []
+        self.arrivals = 0
         self.aborted = ""
         self.interrupted_by: Optional[int] = None  # the signal that stopped the run
         self.reporting = torchrun.reports_here()
@@ -76,11 +80,16 @@ class Engine:
     def _started(self, test: unittest.TestCase) -> None:
         self.progress.start(test.id())
 
-    def _recorded(self, test: Any, record: RunRecord) -> None:
+    def _recorded(
+        self, test: Any, record: RunRecord, place: Optional[Tuple[int, int]] = None
+    ) -> None:
+        """A finished test's (or fixture's) record; `place` orders failures and the XML as
+        the plan does (-j: records arrive as tests finish), else the order of arrival."""
         with lifecycle.deferred_signals():  # a finished test is counted and in the XML, or neither
-            self._record(test, record)
+            self.arrivals += 1
+            self._record(test, record, place or (0, self.arrivals))
 
-    def _record(self, test: Any, record: RunRecord) -> None:
+    def _record(self, test: Any, record: RunRecord, place: Tuple[int, int]) -> None:
         if torchrun.out_of_step() and not self.aborted:
             self.aborted = torchrun.out_of_step()
             self.collector.stop()
@@ -89,7 +98,7 @@ class Engine:
         stats.note = getattr(test, "import_note", "") or stats.note
         if record.status in FAILED:
             stats.failed += 1
-            self.failures.append(record)
+            self.failures.append((place, record))
             if self.options.failfast:
                 self.collector.stop()
         elif record.status == "skipped":
@@ -99,7 +108,7 @@ class Engine:
         self.progress.finish(record)
         if self.junit is not None:
             stand_in = test if isinstance(test, unittest.TestCase) else stand_in_for(record)
-            self.junit.add_record(stand_in, record)
+            self.xml_records.append((place, stand_in, record))
 
     def _preload_suites(self) -> None:
         """Have the forkserver import every suite of the plan when it starts, so each rank
@@ -109,14 +118,35 @@ class Engine:
         if torchrun.launched() is None and devices.start_method() == "forkserver":
             forkserver.preload(*(module for module, _ in self.plan if module in sys.modules))
 
+    def _side_by_side(self) -> Optional[parallel.Controller]:
+        """-j's controller, when its pool has two workers or more (not under torchrun, whose
+        ranks run the plan in step)."""
+        if self.options.jobs <= 1 or torchrun.launched() is not None:
+            return None
+        units = parallel.units_of(self.plan, self.options.jobs)
+        workers = parallel.pool_size(units, self.options.jobs)
+        if workers <= 1:
+            return None
+        hooks = parallel.Hooks(
+            started=self.progress.start, recorded=self._recorded,
+            unit_done=self._unit_done, should_stop=lambda: self.collector.shouldStop,
+        )
+        return parallel.Controller(units, workers, self.options.jobs, hooks)
+
+    def _unit_done(self, module: str, seconds: float) -> None:
+        self.stats[module].seconds += seconds
+
     def run(self) -> int:
         """0 when nothing failed, 1 when something failed, 130/143/129 when interrupted (Ctrl-C,
         SIGTERM, SIGHUP); what ran before an interruption is still reported."""
         self._preload_suites()
         self.progress.begin(len(self.plan))
         began = time.monotonic()
+        side_by_side = self._side_by_side()
         try:
-            for module, tests in self.plan:
+            if side_by_side is not None:
+                side_by_side.run()
+            for module, tests in [] if side_by_side is not None else self.plan:
                 if self.collector.shouldStop:
                     break
                 self.collector.suite, began = module, time.monotonic()
@@ -146,7 +176,7 @@ class Engine:
 
     def report(self) -> None:
         out = self.options.stream
-        for record in self.failures:
+        for _, record in sorted(self.failures, key=lambda entry: entry[0]):
             label = "ERROR" if record.status == "error" else "FAIL"
             print(f"{SEPARATOR}\n{label}: {record.test_id}\n{'-' * 70}", file=out)
             print(record.detail.rstrip() or record.message, file=out)
@@ -158,9 +188,13 @@ class Engine:
             if adapted is not None:
                 print(adapted, file=out)
         if self.junit is not None:
+            for _, stand_in, record in sorted(self.xml_records, key=lambda entry: entry[0]):
+                self.junit.add_record(stand_in, record)
             os.makedirs(self.options.xml_dir, exist_ok=True)
             self.junit.generate_reports(xml_runner(self.options.xml_dir))
             print(f"JUnit XML written to {self.options.xml_dir}/", file=out)
+        if self.options.order_note is not None:
+            print(self.options.order_note, file=out)
         total = SuiteStats()
         for stats in self.stats.values():
             total.passed += stats.passed

@@ -1,7 +1,7 @@
 """`run_tests()`: the entry point of one test file (`if __name__ == "__main__": run_tests()`).
 
 unittest's own command line, plus the harness's flags (--save-xml, --seed, --repeat, --list,
---allow-cpu).
+--allow-cpu, --order, -j).
 The pieces it shares with run_all.py live in their own modules: records.py (one record per
 test), junit.py (XML), progress.py, loader.py (choosing tests), engine.py (running a plan
 under torchrun, where rank 0 alone reports) and cli.py (run_all.py's command line).
@@ -24,7 +24,10 @@ from harness.runner.cli import print_list, run_tests_parser
 from harness.runner.engine import Engine, Options, closing_line
 from harness.runner.junit import junit_result_class, xml_runner
 from harness.runner.loader import UsageError, flatten, repeat
+from harness.runner.order import OrderError, chosen_order, reorder
+from harness.runner.order import describe as describe_order
 from harness.runner.records import Tally
+from harness.testcase import SEED_ENV, current_seed
 
 HARNESS_FLAGS_HELP = """
 Harness options (besides unittest's):
@@ -34,6 +37,10 @@ Harness options (besides unittest's):
   --list            print the selected test ids and exit
   --allow-cpu       run tests written for accelerators on CPU where none exists
                     (sets HARNESS_ALLOW_CPU=1)
+  --order ORDER     forward, reverse or shuffle (seeded by --seed): each class's tests and
+                    the classes of the file in that order (HARNESS_ORDER)
+  -j N|auto         run tests side by side within N cores (auto: the machine's), with
+                    run_all.py's summary
   --debug-rank N    give rank N the terminal, for breakpoint()/pdb; the other ranks and
                     the timeout wait for it (sets HARNESS_DEBUG_RANK)
 """
@@ -72,15 +79,20 @@ class _Program(unittest.TestProgram):
 
     def runTests(self) -> None:  # noqa: N802 - unittest's naming
         opts = self.harness_args
-        tests = flatten(self.test)
+        seed = current_seed()
+        tests = reorder(flatten(self.test), opts.order, seed)
+        self.test = unittest.TestSuite(tests)
         if opts.list:
             print_list([("", tests)], sys.stdout)
             sys.exit(0)
         if opts.repeat > 1:
             self.test = unittest.TestSuite(repeat([("", tests)], opts.repeat)[0][1])
-        if torchrun.launched() is not None:
+        if torchrun.launched() is not None or opts.jobs > 1:
+            # torchrun: the ranks run the plan in step; -j: side by side (with run_all.py's
+            # summary); both through the engine
             options = Options(xml_dir=opts.save_xml, failfast=bool(self.failfast),
-                              verbosity=self.verbosity)
+                              verbosity=self.verbosity,
+                              order_note=describe_order(opts.order, seed), jobs=opts.jobs)
             modules: Dict[str, List[unittest.TestCase]] = {}
             for test in flatten(self.test):
                 modules.setdefault(type(test).__module__, []).append(test)
@@ -99,9 +111,9 @@ class _Program(unittest.TestProgram):
         tests = _UntilInterrupted(self.test)
         self.test = tests
         super().runTests()
-        adapted = compat_cpu_defaults.summary_line()
-        if adapted is not None:
-            self.testRunner.stream.writeln(adapted)
+        for note in (compat_cpu_defaults.summary_line(), describe_order(opts.order, seed)):
+            if note is not None:
+                self.testRunner.stream.writeln(note)
         self.code = int(not self.result.wasSuccessful())
         if tests.signum is not None:
             self.code = lifecycle.exit_code(tests.signum)
@@ -139,9 +151,12 @@ def run_tests(argv: Optional[Sequence[str]] = None) -> None:
         print(f"{Path(argv[0]).name}: error: {error}", file=sys.stderr)
         sys.exit(2)
     if harness_args.seed is not None:
-        from harness.testcase import SEED_ENV
-
         os.environ[SEED_ENV] = str(harness_args.seed)
+    try:
+        harness_args.order = chosen_order(harness_args.order)
+    except OrderError as error:
+        print(f"{Path(argv[0]).name}: error: {error}", file=sys.stderr)
+        sys.exit(2)
     if harness_args.debug_rank is not None:
         os.environ[devices.DEBUG_RANK_ENV] = str(harness_args.debug_rank)
     if harness_args.allow_cpu and os.environ.get(devices.ALLOW_CPU_ENV) != "1":

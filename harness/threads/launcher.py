@@ -51,7 +51,7 @@ class ThreadRanks(Launcher):
         self._state = ExitStack()
 
     def start(self, case: Any) -> None:
-        world_size, timeout = case.world_size, case.timeout
+        world_size, timeout = case.world_size, devices.test_timeout(case)
         threaded_pg.register()
         # Collectives wait longer than the test, so a hang is reported as the test timing
         # out (with stacks) rather than as a collective timing out.
@@ -76,7 +76,7 @@ class ThreadRanks(Launcher):
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         world = self.world
         assert world is not None, "join before start"
-        timeout = case.timeout
+        timeout = devices.test_timeout(case)
         timed_out = self._supervise(timeout)
         for record in self.records:
             record.collectives = world.entered(record.rank)
