@@ -30,7 +30,6 @@ __unittest = True
 __tracebackhide__ = True
 
 SUPERVISOR_RANK = -1
-DEBUG_TIMEOUT_S = 7 * 24 * 3600.0  # `--debug-rank`: the timeout waits for the person debugging
 # Before a runner's deadline, time to stop the ranks (each mode gives a rank about 2 s to
 # dump its stack or unwind) and to report: this much, or 60% of the time left if less.
 REPORT_MARGIN_S = 5.0
@@ -48,6 +47,7 @@ class RankedTestCase(TestCase):
     # A runner's own limit on this test (time.monotonic()), e.g. pytest-timeout's: the ranks are
     # stopped early enough for the harness's hang report to be what the user sees.
     deadline: Optional[float] = None
+    timeout_cap: Optional[float] = None  # what meeting the deadline leaves (devices.test_timeout)
     # How many ranks run the test (classes override it, as an int or a property): the base's
     # default; once a run decided the number (harness/world_size.py), that number.
     world_size: int = BaseWorldSize()  # type: ignore[assignment]
@@ -91,8 +91,6 @@ class RankedTestCase(TestCase):
             return
         world_size, _ = self.checked_rank_settings()
         fix_world_size(self, world_size)
-        if devices.debug_rank() is not None:  # a person steps through a rank: wait for them
-            self.timeout = DEBUG_TIMEOUT_S
         launcher = self.make_launcher()
         self._launcher = launcher
         self.addCleanup(launcher.close)  # also when a subclass's setUp fails after this
@@ -118,12 +116,12 @@ class RankedTestCase(TestCase):
         apply_verdict(self, decide(records, timed_out_after))
 
     def _meet_deadline(self) -> None:
-        """Shorten the timeout so that the ranks are stopped and reported before `deadline`."""
-        if self.deadline is None or devices.debug_rank() is not None:
+        """Cap the timeout so that the ranks are stopped and reported before `deadline`."""
+        if self.deadline is None:
             return
         left = self.deadline - time.monotonic()
         allowed = math.floor((left - min(REPORT_MARGIN_S, left * 0.6)) * 10) / 10
-        self.timeout = max(MIN_TIMEOUT_S, min(self.timeout, allowed))
+        self.timeout_cap = max(MIN_TIMEOUT_S, allowed)
 
     def attach_rank(self, context: RankContext) -> None:
         """Make this instance the rank `context` describes (the launcher calls it before
