@@ -32,7 +32,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from harness import FSDPTest, MultiProcessTestCase, MultiThreadedTestCase
+from harness import MultiProcessTestCase, MultiThreadedTestCase
 
 
 class TestPlainMP(MultiProcessTestCase):
@@ -59,12 +59,22 @@ class TestPlainMP(MultiProcessTestCase):
         print(f"pass output rank {self.rank}")
 
 
-class TestGroup(FSDPTest):
+class TestGroup(MultiProcessTestCase):
     @property
     def world_size(self):
         return 2
 
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def _init(self):
+        dist.init_process_group(
+            "gloo", init_method=self.init_method, rank=self.rank, world_size=self.world_size
+        )
+
     def test_crash(self):
+        self._init()
         t = torch.ones(1)
         if self.rank == 1:
             import os
@@ -73,6 +83,7 @@ class TestGroup(FSDPTest):
         dist.all_reduce(t)
 
     def test_hang(self):
+        self._init()
         t = torch.ones(1)
         if self.rank == 1:
             time.sleep(60)
@@ -161,7 +172,7 @@ def test_failures_lead_with_the_rank_and_show_the_users_frames(tmp_path: Path) -
     # A crash: the crashing rank leads with its stack, the peer's reset comes after, labelled.
     crash = failure_section(out, "TestGroup.test_crash")
     assert "E   rank 1: died by signal SIGABRT" in crash, crash
-    assert "test_user.py:43: in test_crash" in crash and "os.abort()" in crash
+    assert "test_user.py:53: in test_crash" in crash and "os.abort()" in crash
     assert "rank 0 raised as a consequence" in crash
     assert "Extension modules" not in crash and "Current thread" not in crash
     assert "FAILED test_user.py::TestGroup::test_crash - rank 1: died by signal SIGABRT" in out
@@ -179,7 +190,7 @@ def test_hang_report_beats_pytest_timeout_and_tb_line_points_at_the_users_line(
         entry_point=True,
     )
     assert "Timeout (>" not in out, out  # pytest-timeout's own report never came
-    assert "test_user.py:50: rank 1: timed out after" in out, out
+    assert "test_user.py:61: rank 1: timed out after" in out, out
     assert "test_user.py:23: rank 1: AssertionError: 9.0 != 99.0 : rank 1 expected 99" in out
     assert "2 failed" in out
 
