@@ -23,6 +23,7 @@ TIMEOUT_ENV = "HARNESS_TIMEOUT"
 START_METHOD_ENV = "HARNESS_START_METHOD"
 ALLOW_CPU_ENV = "HARNESS_ALLOW_CPU"
 DEBUG_RANK_ENV = "HARNESS_DEBUG_RANK"
+SHOW_OUTPUT_ENV = "HARNESS_SHOW_OUTPUT"
 LAUNCHED_ENV = "HARNESS_LAUNCHED"
 UPSTREAM_TIMEOUT_ENV = "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"
 CORE_BUDGET_ENV = "HARNESS_CORE_BUDGET"  # set by -j: the cores one running test may use
@@ -233,6 +234,11 @@ def debug_rank() -> Optional[int]:
     """The rank given the terminal for a debugger (`--debug-rank N`), else None."""
     rank = _env_number(DEBUG_RANK_ENV, int, 0)
     return None if rank is None else int(rank)
+
+
+def show_output() -> bool:
+    """HARNESS_SHOW_OUTPUT: ranks' output (their warnings too) shown live, not only on failure."""
+    return os.environ.get(SHOW_OUTPUT_ENV, "").lower() in ("1", "true", "yes")
 
 
 def start_method() -> str:

@@ -19,9 +19,10 @@ from harness import devices
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher
 from harness.launch.report import RankRecord
+from harness.launch.routing import route_test_method
 from harness.launch.verdict import apply_verdict, decide
 from harness.skips import check_case_requirements
-from harness.testcase import TestCase, route_test_method
+from harness.testcase import TestCase
 from harness.world_size import BaseWorldSize, fix_world_size, world_size_of, wrap_world_size
 
 # unittest and pytest hide frames of modules that define these, as unittest does for its
@@ -43,6 +44,8 @@ class RankedTestCase(TestCase):
     `rank_records` holds every rank's record once the test joined them.
     """
 
+    # In a rank, what its launcher told it (`attach_rank`); None in the supervisor.
+    rank_context: Optional[RankContext] = None
     timeout: float = devices.DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
     # A runner's own limit on this test (time.monotonic()), e.g. pytest-timeout's: the ranks are
     # stopped early enough for the harness's hang report to be what the user sees.

@@ -40,15 +40,10 @@ from harness.process.rank import (
 from harness.process.rank import main as rank_main
 from harness.process.rank import serve as rank_serve
 
-SHOW_OUTPUT_ENV = "HARNESS_SHOW_OUTPUT"
 FAIL_FAST_GRACE_S = 3.0  # once a rank failed, how long the others may still report
 STACK_DUMP_WAIT_S = 1.0  # how long a rank gets to write its stack before it is killed
 COLLECTIVES_DUMP_WAIT_S = 1.0  # ... and the collectives it entered
 STREAM_INTERVAL_S = 0.1
-
-
-def _show_output() -> bool:
-    return os.environ.get(SHOW_OUTPUT_ENV, "").lower() in ("1", "true", "yes")
 
 
 class RankGroup:
@@ -188,7 +183,7 @@ class RankGroup:
         """Collect reports until every rank exited; True if the timeout stopped them."""
         started = time.monotonic()
         deadline, stop_at = started + timeout, float("inf")
-        stream = _show_output()
+        stream = devices.show_output()
         debugging = devices.debug_rank() is not None  # the others wait for the rank debugged
         while self._running() or any(rank not in self._alive for rank in self._readers):
             now = time.monotonic()

@@ -61,7 +61,7 @@ class ThreadRanks(Launcher):
         # Process-wide state the ranks change, restored however the test ends.
         state = self._state
         state.enter_context(c10d_world.thread_local_c10d_world())
-        state.enter_context(per_thread_warnings())
+        state.enter_context(per_thread_warnings(self._rank_warning))
         state.callback(self._stop_if_running)  # LIFO: before the world is restored
         state.callback(setattr, sys, "excepthook", sys.excepthook)
         state.callback(torch.set_num_threads, torch.get_num_threads())
@@ -72,6 +72,17 @@ class ThreadRanks(Launcher):
             )
             self.threads.append(thread)
             thread.start()
+
+    def _rank_warning(self, text: str) -> bool:
+        """A warning a rank thread shows (torch's, say) goes into that rank's output, shown
+        with a failure as a process rank's is, not onto the runner's stderr; live with
+        HARNESS_SHOW_OUTPUT=1. False for other threads: their warnings are shown as usual."""
+        current = threading.current_thread()
+        rank = next((r for r, thread in enumerate(self.threads) if thread is current), None)
+        if rank is None or devices.show_output():
+            return False
+        self.records[rank].output += text
+        return True
 
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         world = self.world
