@@ -32,7 +32,8 @@ _HIDDEN = tuple(
     os.path.join(_HARNESS, name)
     for name in (
         "launch" + os.sep, "process" + os.sep, "threads" + os.sep, "runner" + os.sep,
-        "compat" + os.sep, "testcase.py", "parametrize.py", "pytest_plugin.py",
+        "compat" + os.sep, "testcase.py", "comparison.py", "subtests.py", "parametrize.py",
+        "pytest_plugin.py",
     )
 ) + (os.path.dirname(unittest.__file__) + os.sep,)
 # Hidden only below the first frame of the test: what starts a process or a thread.
