@@ -83,6 +83,7 @@ HOMES = {f"{PRIVATE}.{module}": home for module, home in (
     ("distributed.common_state_dict", "harness.kit.state_dict"),
     ("distributed.distributed_utils", "harness.kit.mock_pg"),
     ("common_dist_composable", "harness.kit.composable_models"),
+    ("two_tensor", "harness.kit.two_tensor"),
 )}
 # Upstream's own test suites, which some files import to re-run them: not harness API. Such
 # imports stay private, are reported with SUITE_REASON, and do not fail the command.
