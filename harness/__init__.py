@@ -39,6 +39,15 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "SM80OrLater", "SM89OrLater", "SM90OrLater", "SM100OrLater", "_get_torch_rocm_version",
         "e4m3_type", "rocm_arch_any_of",
     ),
+    "harness.grad_checks": (
+        "_assertGradAndGradgradChecks", "dtype2prec_DONTUSE", "gradcheck", "gradgradcheck",
+    ),
+    "harness.kit.two_tensor": (
+        "TwoTensor",
+    ),
+    "harness.kit.logging_case": (
+        "LoggingTestCase",
+    ),
     "harness.kit.checkpoint": (
         "Rot13Example", "get_test_extension_registry", "with_checkpoint_logging",
     ),
