@@ -66,8 +66,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Name the collected modules pytest rewrote, for the forkserver to rewrite them too."""
     modules = {getattr(item, "module", None) for item in session.items}
-    names = assert_rewrite.rewritten_by_pytest(modules)
-    os.environ[assert_rewrite.REWRITE_ENV] = ",".join(sorted(names))
+    assert_rewrite.rewrite_in_ranks(assert_rewrite.rewritten_by_pytest(modules))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -14,13 +14,24 @@ from __future__ import annotations
 import ast
 import importlib.abc
 import importlib.machinery
-import os
 import sys
 from types import CodeType
-from typing import Any, Dict, FrozenSet, Iterable, Optional, Sequence
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence
 
 REWRITE_ENV = "HARNESS_PYTEST_REWRITE"
 _REWRITTEN_MARK = "@pytest_ar"  # the name pytest's rewriting adds to a module's globals
+_names: List[str] = []  # what the pytest plugin asked for, in this process
+
+
+def rewrite_in_ranks(names: Iterable[str]) -> None:
+    """Have rank processes started from now on rewrite these modules (the pytest plugin)."""
+    _names[:] = sorted(names)
+
+
+def settings() -> Dict[str, str]:
+    """The environment a forkserver or a spawned rank needs for it: set only while starting
+    one, so that other processes this one starts (a subprocess of run_all) are left alone."""
+    return {REWRITE_ENV: ",".join(_names)} if _names else {}
 
 
 def rewritten_by_pytest(modules: Iterable[Any]) -> FrozenSet[str]:
@@ -72,14 +83,3 @@ def install(env: Dict[str, str]) -> None:
     except ImportError:
         return
     sys.meta_path.insert(0, _RewritingFinder(names))
-
-
-def _in_forkserver() -> bool:
-    """Whether this is the forkserver preloading (its runner set RUNNER_ENV to its own pid)."""
-    from harness.process.forkserver import RUNNER_ENV
-
-    return os.environ.get(RUNNER_ENV) == str(os.getppid())
-
-
-if _in_forkserver():
-    install(dict(os.environ))

@@ -40,6 +40,7 @@ from multiprocessing import spawn
 from typing import Any, Callable, Dict, List, NoReturn, Optional
 
 from harness import devices
+from harness.process import assert_rewrite
 
 MAIN_PATH_ENV = "HARNESS_FORKSERVER_MAIN"
 MODULES_ENV = "HARNESS_FORKSERVER_MODULES"
@@ -60,11 +61,9 @@ FORKSERVER_EXIT_WAIT_S = 1.0  # after its socket closed, how long the forkserver
 # What every rank would otherwise import itself, once per test: torch.distributed.tensor because
 # torch.testing.assert_close (so every tensor assertEqual) imports it on first use, which costs a
 # rank over a second; numpy because TestCase.setUp seeds it. Missing modules are skipped.
-# harness.process.assert_rewrite comes before any test module: under pytest, it rewrites their
-# asserts as pytest does.
 _preload: List[str] = [
     "torch", "torch.distributed", "torch.distributed.tensor", "numpy", "harness.testcase",
-    "harness.process.rank", "harness.process.assert_rewrite",
+    "harness.process.rank",
 ]
 _test_modules: List[str] = []  # the test code, imported last (by harness.process.forkserver_main)
 
@@ -120,6 +119,7 @@ def _ensure_running() -> None:
         RUNNER_ENV: str(os.getpid()),
         MAIN_PATH_ENV: script,
         MODULES_ENV: ",".join(_test_modules),
+        **assert_rewrite.settings(),
     }
     if NVML_CHECK_ENV not in os.environ:
         settings[NVML_CHECK_ENV] = "1"
@@ -142,6 +142,7 @@ def load_test_code_in_forkserver() -> None:
     script ranks would import. One that fails to import is left to the ranks, which import it
     again and report the error; one that exits while imported ran its tests on import."""
     modules = [name for name in os.environ.get(MODULES_ENV, "").split(",") if name]
+    assert_rewrite.install(dict(os.environ))  # under pytest: their asserts as pytest has them
     for name in modules:
         _import_test_code(importlib.import_module, name)
     path = os.environ.get(MAIN_PATH_ENV)

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Set
 from harness import devices
 from harness.launch import collective_trace, stacks
 from harness.launch.report import RankRecord
-from harness.process import forkserver
+from harness.process import assert_rewrite, forkserver
 from harness.process.rank import (
     COLLECTIVES_SIGNAL,
     STACK_SIGNAL,
@@ -133,7 +133,7 @@ class RankGroup:
             output_path=self.output_path(rank),
             temp_dir=self.temp_dir,
             threads=devices.intra_op_threads(world_size),
-            env=dict(os.environ),
+            env={**os.environ, **assert_rewrite.settings()},
         )
 
     def send_test(self, method: str) -> bool:
