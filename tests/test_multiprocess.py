@@ -428,7 +428,8 @@ class TestStartAndModes(FaultTestBase):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "HARNESS_LAUNCHED": "1"}  # those four alone are no launch
         fault_cases.InProcess.pids.clear()
         with mock.patch.dict(os.environ, env):
             case = fault_cases.InProcess("test_records_pid")
