@@ -1,12 +1,14 @@
 """Shared-process mode against upstream's MultiProcContinuousTest and the fresh-process mode.
 
 One class of N trivial 2-rank tests (each all-reduces one tensor on the default group) runs
-in three ways, side by side in one run so all see the same machine load:
+in four ways, side by side in one run so all see the same machine load:
 
 - shared: this harness's MultiProcContinuousTest (one set of ranks per class, forked from the
   forkserver, which is started and warmed up before timing: it serves every class of a run);
 - upstream: torch.testing._internal's MultiProcContinuousTest (spawned ranks per class);
-- fresh: this harness's MultiProcessTestCase (new ranks for every test, group per test).
+- fresh: this harness's MultiProcessTestCase (new ranks for every test, group per test);
+- unchecked: shared without its leak checks (harness/process/leaks.py), whose cost is the
+  difference to shared (also measured in-process: two snapshots and their comparison).
 
 For each it prints the per-test time (median over the tests after the first, which also
 pays the start) and the time of the whole class (start, tests, stop), plus the ratios.
@@ -36,7 +38,7 @@ from torch.testing._internal.common_distributed import (
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness.process import forkserver  # noqa: E402
+from harness.process import forkserver, leaks  # noqa: E402
 from harness.process.case import MultiProcessTestCase  # noqa: E402
 from harness.process.continuous import MultiProcContinuousTest  # noqa: E402
 
@@ -62,6 +64,13 @@ class Shared(MultiProcContinuousTest):
     world_size = 2
 
 
+class SharedUnchecked(MultiProcContinuousTest):
+    """Shared, without leak checks: the difference to Shared is what the checks cost."""
+
+    world_size = 2
+    skip_leak_checks = leaks.CHECKS
+
+
 class Upstream(UpstreamContinuous):
     world_size = 2
 
@@ -78,6 +87,7 @@ class Fresh(MultiProcessTestCase):
 
 for _i in range(MAX_TESTS):
     setattr(Shared, f"test_{_i:03d}", _shared_body)
+    setattr(SharedUnchecked, f"test_{_i:03d}", _shared_body)
     setattr(Upstream, f"test_{_i:03d}", _shared_body)
     setattr(Fresh, f"test_{_i:03d}", _fresh_body)
 
@@ -123,6 +133,15 @@ def time_class(cls: type, tests: int) -> Tuple[float, float]:
     return statistics.median(result.times[1:]), total
 
 
+def leak_check_cost(rounds: int = 1000) -> float:
+    """Seconds per test of what a shared rank adds for the leak checks, measured here."""
+    checks = leaks.CHECKS
+    began = time.perf_counter()
+    for _ in range(rounds):
+        leaks.leaks(leaks.snapshot(checks), leaks.snapshot(checks))
+    return (time.perf_counter() - began) / rounds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", type=int, default=40, help="tests per class (2 to 200)")
@@ -132,9 +151,11 @@ def main() -> None:
         parser.error(f"--tests must be between 2 and {MAX_TESTS}, got {args.tests}")
     forkserver.context(__name__)  # the forkserver is up before a run's first class ...
     time_class(Shared, 2)  # ... and done preloading: a rank forked from it once
-    rows: Dict[str, List[Tuple[float, float]]] = {"shared": [], "upstream": [], "fresh": []}
+    classes = (("shared", Shared), ("unchecked", SharedUnchecked), ("upstream", Upstream),
+               ("fresh", Fresh))
+    rows: Dict[str, List[Tuple[float, float]]] = {label: [] for label, _ in classes}
     for _ in range(args.repeat):
-        for label, cls in (("shared", Shared), ("upstream", Upstream), ("fresh", Fresh)):
+        for label, cls in classes:
             rows[label].append(time_class(cls, args.tests))
     print(f"{args.tests} trivial 2-rank tests per class, {args.repeat} round(s); medians:")
     medians = {
@@ -145,6 +166,9 @@ def main() -> None:
         runs = ", ".join(f"{t * 1e3:.1f} ms / {c:.2f} s" for t, c in rows[label])
         print(f"  {label:9s} per test {per_test * 1e3:8.1f} ms   class {whole:7.2f} s   ({runs})")
     shared_test, shared_class = medians["shared"]
+    print(f"  leak checks: {(shared_test - medians['unchecked'][0]) * 1e3:+.2f} ms a test side by "
+          f"side (shared against unchecked); {leak_check_cost() * 1e3:.3f} ms a test in-process "
+          "(two snapshots and their comparison, every default check)")
     for label in ("upstream", "fresh"):
         per_test, whole = medians[label]
         print(

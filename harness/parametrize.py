@@ -12,17 +12,14 @@ The mark is upstream's protocol: a `parametrize_fn(test, generic_cls, device_cls
 attribute yielding `(test, name_suffix, param_kwargs, decorator_fn)` per variant, composed
 as a product when decorators stack, so every parametrizer (parametrize, dtypes) composes.
 
-`run_subtests` runs a function over a grid inside one test, one `subTest` per grid point,
-so a failing point is reported with its parameters and the other points still run.
+Subtest grids inside one test (`run_subtests`) live in harness/subtests.py.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import itertools
-import unittest
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -282,50 +279,3 @@ def instantiate_parametrized_tests(generic_cls: type) -> type:
                 test = decorator(test)
             add_generated_test(generic_cls, name, generated_test(test, param_kwargs))
     return generic_cls
-
-
-def _grid_points(grid: Any) -> Tuple[List[str], List[Tuple[Any, ...]]]:
-    if not isinstance(grid, dict):
-        raise TypeError(
-            f"run_subtests: the grid must be a dict of name -> list of values, "
-            f"got {type(grid).__name__}"
-        )
-    for key, values in grid.items():
-        if not isinstance(values, (list, tuple)):
-            raise TypeError(
-                f"run_subtests: grid[{key!r}] must be a list of values, got {type(values).__name__}"
-            )
-        if not values:
-            raise ValueError(f"run_subtests: grid[{key!r}] is an empty list")
-    return list(grid), list(itertools.product(*grid.values()))
-
-
-def run_subtests(
-    case: unittest.TestCase, grid: Dict[str, Sequence[Any]], fn: Callable, *args: Any, **kwargs: Any
-) -> None:
-    """Run `fn(*args, **kwargs, **point)` for each point of the grid's Cartesian product.
-
-    Each point runs inside `case.subTest(**point)`. In a rank of a multi-rank test, the ranks
-    agree after each point through `case.rank_context.grid_point_done(point, passed)`; if
-    they cannot stay in step the rest of the grid is abandoned and the test fails saying so.
-    """
-    from harness.testcase import TestCase  # testcase imports this module
-
-    names, combos = _grid_points(grid)
-    context = case.rank_context if isinstance(case, TestCase) else None
-    for combo in combos:
-        point = dict(zip(names, combo))
-        passed = False
-        with case.subTest(**point):
-            try:
-                fn(*args, **kwargs, **point)
-            except unittest.SkipTest:
-                passed = True
-                raise
-            passed = True
-        if context is not None and not context.grid_point_done(point, passed):
-            shown = ", ".join(f"{k}={v!r}" for k, v in point.items())
-            case.fail(
-                f"ranks could not stay in step after grid point ({shown}); "
-                "the remaining grid points were not run"
-            )

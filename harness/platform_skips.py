@@ -321,8 +321,9 @@ def import_transformers_or_skip() -> Callable[[Callable], Callable]:
 
 
 def with_nccl_blocking_wait(func: Callable) -> Callable:
-    """Run with TORCH_NCCL_BLOCKING_WAIT=1 and TORCH_NCCL_ASYNC_ERROR_HANDLING unset; both
-    restored afterwards."""
+    """Run with TORCH_NCCL_BLOCKING_WAIT=1 and TORCH_NCCL_ASYNC_ERROR_HANDLING unset. As
+    upstream, each is restored afterwards only if it was set before (an unset
+    TORCH_NCCL_BLOCKING_WAIT stays 1)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -333,7 +334,6 @@ def with_nccl_blocking_wait(func: Callable) -> Callable:
             return func(*args, **kwargs)
         finally:
             for name, value in saved.items():
-                os.environ.pop(name, None)
                 if value is not None:
                     os.environ[name] = value
 

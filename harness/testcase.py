@@ -1,36 +1,42 @@
-"""The single-process base: upstream's assertEqual, seeding, subtest grids.
+"""The single-process base, as upstream's common_utils.TestCase: assertEqual, seeding, and
+the process state each test must leave as it found it.
 
-Every harness base class derives from `TestCase`, so rank processes and rank threads
-compare values the same way a plain unit test does, and the way upstream's
-common_utils.TestCase does (its keywords, tolerances and verdicts; a differential test in
-tests/test_testcase.py holds them to upstream's). `setUp` also honours accelerator
-requirements declared on the test class (harness/skips.py).
+Every harness base class derives from `TestCase`, so rank processes and rank threads compare
+values the same way a plain unit test does, and the way upstream's TestCase does (its keywords,
+tolerances, `precision`/`rel_tol`, verdicts and messages: harness/comparison.py; differential
+tests in tests/test_testcase.py hold them to upstream's). Around each test, as upstream: the
+random generators are seeded, sparse tensors check their invariants, grad mode is restored,
+and a torch-function mode left behind (`torch.set_default_device` pushes one) fails the test
+and is removed. `setUp` also honours accelerator requirements declared on the test class
+(harness/skips.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import errno
+import logging
 import os
 import random
 import re
 import subprocess
 import sys
-import types
+import unittest
 import warnings
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from numbers import Integral, Number
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Type, Union
 
 import expecttest
 import torch
-from torch import nn
 
-from harness.compat.comparison import unrelated_tensors_mismatch
-from harness.launch.context import RankContext
-from harness.parametrize import run_subtests
+from harness.comparison import mismatch
+from harness.compat import torch_function as compat_torch_function
 from harness.skips import check_case_requirements
+from harness.subtests import run_subtests
+
+# unittest and pytest hide frames of modules that define these (as unittest hides its own):
+# a failure points at the test's line, not at assertEqual or the harness's method routing.
+__unittest = True
+__tracebackhide__ = True
 
 SEED_ENV = "HARNESS_SEED"
 DEFAULT_SEED = 1234
@@ -64,212 +70,116 @@ def seed_everything(seed: int) -> None:
     numpy.random.seed(seed % 2**32)
 
 
-# Upstream compares Python floats (and complex) with float32's default tolerances.
-FLOAT_RTOL, FLOAT_ATOL = 1.3e-6, 1e-5
-_SEQUENCES = (Sequence, nn.Sequential, nn.ModuleList, nn.ParameterList)
-_MAPPINGS = (Mapping, nn.ModuleDict, nn.ParameterDict)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """The keyword options of assertEqual, as upstream's TestCase takes them."""
-
-    atol: Optional[float] = None
-    rtol: Optional[float] = None
-    equal_nan: bool = True
-    exact_dtype: bool = True
-    exact_device: bool = False
-    exact_layout: bool = False
-    exact_stride: bool = False
-    exact_is_coalesced: bool = False
-
-
-def _from_numpy(value: Any) -> Any:
-    """A numpy array as a tensor (or a list when torch has no such dtype); anything else as is.
-
-    Only real arrays: other objects that have `__array__` (a tensor subclass *class*, for
-    one) are not array data and are compared with `==`.
-    """
-    numpy = sys.modules.get("numpy")  # an array exists only if numpy was imported
-    if numpy is None or not isinstance(value, numpy.ndarray):
-        return value
-    return torch.as_tensor(value) if value.dtype.kind in "biufc" else value.tolist()
-
-
-def _is_sequence(value: Any) -> bool:
-    return isinstance(value, _SEQUENCES) and not isinstance(value, (str, bytes))
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, Number)
-
-
-def _tensor_mismatch(
-    actual: torch.Tensor, expected: torch.Tensor, how: Comparison
-) -> Optional[str]:
-    if not how.exact_device and actual.device != expected.device:
-        expected = expected.to(actual.device)
-    atol, rtol = how.atol, how.rtol
-    if atol is not None or rtol is not None:
-        atol, rtol = atol or 0.0, rtol or 0.0
-    if actual.layout == torch.sparse_coo and expected.layout == torch.sparse_coo:
-        if how.exact_is_coalesced and actual.is_coalesced() != expected.is_coalesced():
-            return f"is_coalesced {actual.is_coalesced()} != {expected.is_coalesced()}"
-        actual, expected = actual.coalesce(), expected.coalesce()  # compare values, not storage
-    options = dict(
-        atol=atol, rtol=rtol, equal_nan=how.equal_nan, check_dtype=how.exact_dtype,
-        check_device=how.exact_device, check_layout=how.exact_layout,
-        check_stride=how.exact_stride,
-    )
-    if not (isinstance(actual, type(expected)) or isinstance(expected, type(actual))):
-        return unrelated_tensors_mismatch(actual, expected, **options)
-    try:
-        torch.testing.assert_close(actual, expected, **options)
-    except AssertionError as error:
-        return str(error)
-    return None
-
-
-def _numbers_differ(a: Any, b: Any, how: Comparison) -> bool:
-    if a == b or (how.equal_nan and a != a and b != b):  # NaN equals NaN, as upstream by default
-        return False
-    if how.atol is not None or how.rtol is not None:
-        atol, rtol = how.atol or 0.0, how.rtol or 0.0
-    elif isinstance(a, Integral) and isinstance(b, Integral):
-        return True  # integers compare exactly
-    else:
-        atol, rtol = FLOAT_ATOL, FLOAT_RTOL
-    try:
-        return not abs(a - b) <= atol + rtol * abs(b)
-    except TypeError:  # numbers without arithmetic between them
-        return True
-
-
-def _tensor_and_other(
-    tensor: torch.Tensor, other: Any, how: Comparison
-) -> Tuple[Any, Any, Comparison]:
-    """The pair to compare for a tensor and a non-tensor (number, bool or sequence)."""
-    if _is_number(other):
-        if tensor.numel() == 1:
-            return tensor.item(), other, how  # compared as numbers, as upstream
-        return tensor, torch.full(tensor.shape, other, device=tensor.device), replace(
-            how, exact_dtype=False
-        )
-    return tensor, torch.as_tensor(other, dtype=tensor.dtype, device=tensor.device), how
-
-
-def mismatch(actual: Any, expected: Any, *, path: str = "", **options: Any) -> Optional[str]:
-    """Why `actual` and `expected` differ, or None when they are equal.
-
-    `options` are assertEqual's keywords (see Comparison). Tensors are compared by value
-    with dtype-based tolerances; a tensor and a number, bool or sequence by value; mappings
-    and sequences elementwise; numbers with upstream's float tolerances; None, types and
-    classes (tensor subclass classes too) and any other object with `==`.
-    """
-    return _mismatch(actual, expected, Comparison(**options), path)
-
-
-def _mismatch(actual: Any, expected: Any, how: Comparison, path: str) -> Optional[str]:
-    where = f" at {path}" if path else ""
-    actual, expected = _from_numpy(actual), _from_numpy(expected)
-    if actual is None or expected is None:
-        return None if actual is expected else f"{actual!r} != {expected!r}{where}"
-    if isinstance(actual, type) or isinstance(expected, type):  # classes are never array data
-        same = isinstance(actual, type) and isinstance(expected, type) and actual == expected
-        return None if same else f"{actual!r} != {expected!r}{where}"
-    actual_is_tensor, expected_is_tensor = (
-        isinstance(actual, torch.Tensor), isinstance(expected, torch.Tensor)
-    )
-    if actual_is_tensor != expected_is_tensor:
-        tensor, other = (actual, expected) if actual_is_tensor else (expected, actual)
-        if not (_is_number(other) or _is_sequence(other)):
-            kind = type(other).__name__
-            return f"a tensor and a {kind} differ{where}: {actual!r} != {expected!r}"
-        try:
-            tensor, other, how = _tensor_and_other(tensor, other, how)
-        except (TypeError, ValueError, RuntimeError) as error:
-            return f"cannot compare a tensor with {type(other).__name__}{where}: {error}"
-        actual, expected = (tensor, other) if actual_is_tensor else (other, tensor)
-        if not isinstance(actual, torch.Tensor):  # a one-element tensor against a number
-            return _mismatch(actual, expected, how, path)
-    if isinstance(actual, torch.Tensor):
-        reason = _tensor_mismatch(actual, expected, how)
-        return f"tensors differ{where}: {reason}" if reason else None
-    if isinstance(actual, _MAPPINGS) and isinstance(expected, _MAPPINGS):
-        if set(actual) != set(expected):
-            keys = f"{sorted(map(repr, actual))} != {sorted(map(repr, expected))}"
-            return f"keys differ{where}: {keys}"
-        for key in actual:
-            reason = _mismatch(actual[key], expected[key], how, f"{path}[{key!r}]")
-            if reason:
-                return reason
-        return None
-    if _is_sequence(actual) and _is_sequence(expected):
-        if len(actual) != len(expected):
-            return f"lengths differ{where}: {len(actual)} != {len(expected)}"
-        for index, (a, b) in enumerate(zip(actual, expected)):
-            reason = _mismatch(a, b, how, f"{path}[{index}]")
-            if reason:
-                return reason
-        return None
-    if isinstance(actual, bool) or isinstance(expected, bool):
-        both_numbers = _is_number(actual) and _is_number(expected)
-        differs = not both_numbers or bool(actual) != bool(expected)
-    elif _is_number(actual) and _is_number(expected):
-        differs = _numbers_differ(actual, expected, how)
-    else:
-        differs = not _objects_equal(actual, expected)
-    return f"{actual!r} != {expected!r}{where}" if differs else None
-
-
-def _objects_equal(actual: Any, expected: Any) -> bool:
-    """`==` for any other object; one whose `==` gives no truth value is equal only to itself."""
-    if actual is expected:
-        return True
-    try:
-        return bool(actual == expected)
-    except (TypeError, ValueError, RuntimeError):
-        return False
-
-
-def route_test_method(case: TestCase, join: Callable[[], Any]) -> None:
-    """Make the case's test method `join` the ranks in the supervising instance (no
-    `rank_context`) and run the body in a rank.
-
-    The replacement is bound with MethodType: unittest's loader treats a plain function found
-    on an instance as a static method and calls it without `self`.
-    """
-    name = case._testMethodName
-    method = getattr(case, name, None)
-    if method is None:
-        return
-
-    @functools.wraps(method)
-    def join_or_run(_case: TestCase, *args: Any, **kwargs: Any) -> Any:
-        return join() if _case.rank_context is None else method(*args, **kwargs)
-
-    setattr(case, name, types.MethodType(join_or_run, case))
-
-
 Message = Union[str, Callable[[str], str], None]
 
 
-class TestCase(expecttest.TestCase):
-    """unittest/expecttest TestCase with tensor-aware equality, seeding and subtest grids."""
+class _TestName(str):
+    """A test's method name that can also be called: upstream's multi-process base has
+    `_current_test_name()` as a method, its multi-thread base as a property."""
 
-    # In a rank of a multi-rank test, what its launcher told it (harness/launch/case.py);
-    # None in a single-process test and in the supervisor.
-    rank_context: Optional[RankContext] = None
+    def __call__(self) -> str:
+        return str(self)
+
+
+def _expect_file(case: unittest.TestCase, subname: Optional[str]) -> Tuple[str, str]:
+    """(path, label) of the recorded output of `case`: `expect/<Class>.<test>[-subname].expect`
+    next to the file that defines the test class, as upstream's assertExpected."""
+    module = type(case).__module__
+    test_id = case.id()
+    label = test_id[len(module) + 1:] if test_id.startswith(module + ".") else test_id
+    folder = os.path.dirname(os.path.realpath(str(sys.modules[module].__file__)))
+    name = label + (f"-{subname}" if subname else "")
+    return os.path.join(folder, "expect", f"{name}.expect"), label
+
+
+class TestCase(expecttest.TestCase):
+    """expecttest's TestCase with upstream's assertEqual, seeding and per-test state checks."""
+
+    # Lower bounds of assertEqual's absolute / relative tolerance (upstream's precisionOverride
+    # and toleranceOverride set them); read through `precision` / `rel_tol`.
+    _precision: float = 0
+    _rel_tol: float = 0
+    # As upstream: multi-line strings always get a diff, however long.
+    _diffThreshold = sys.maxsize  # noqa: N815 - unittest's name
+    maxDiff = None  # noqa: N815 - unittest's name
+
+    def __init__(
+        self, method_name: str = "runTest", methodName: str = "runTest"  # noqa: N803 - unittest's
+    ) -> None:
+        # Both spellings, as upstream: unittest's `methodName` wins when given.
+        super().__init__(methodName if methodName != "runTest" else method_name)
+
+    @property
+    def precision(self) -> float:
+        """The smallest absolute tolerance assertEqual uses (0: the dtype's default)."""
+        return self._precision
+
+    @precision.setter
+    def precision(self, value: float) -> None:
+        self._precision = value
+
+    @property
+    def rel_tol(self) -> float:
+        """The smallest relative tolerance assertEqual uses (0: the dtype's default)."""
+        return self._rel_tol
+
+    @rel_tol.setter
+    def rel_tol(self, value: float) -> None:
+        self._rel_tol = value
+
+    @property
+    def _current_test_name(self) -> str:
+        """The running test's method name; usable as upstream's method and as its property."""
+        return _TestName(self.id().split(".")[-1])
 
     def setUp(self) -> None:
         super().setUp()
         check_case_requirements(self)  # class-level requirements; methods check their own too
         seed_everything(current_seed())
+        if getattr(self, "rank_context", None) is not None:
+            return  # a rank of a multi-rank test: upstream's ranks run neither setUp nor tearDown
+        # What tearDown restores or checks, as upstream's TestCase.
+        self._sparse_checks_were_on = torch.sparse.check_sparse_tensor_invariants.is_enabled()
+        torch.sparse.check_sparse_tensor_invariants.enable()
+        self._grad_was_enabled = torch.is_grad_enabled()
+        self._modes_before = compat_torch_function.mode_stack_depth()
+        self._dispatch_before = compat_torch_function.dispatch_state()
+
+    def tearDown(self) -> None:
+        """Give back the process state the test changed; a torch-function mode or dispatch
+        state left behind fails the test (after being undone), as upstream."""
+        if hasattr(self, "_sparse_checks_were_on"):  # a subclass's setUp may not call ours
+            if self._sparse_checks_were_on:
+                torch.sparse.check_sparse_tensor_invariants.enable()
+            else:
+                torch.sparse.check_sparse_tensor_invariants.disable()
+        if hasattr(self, "_grad_was_enabled"):
+            torch.set_grad_enabled(self._grad_was_enabled)
+        if hasattr(self, "_modes_before"):
+            depth = compat_torch_function.mode_stack_depth()
+            if depth != self._modes_before:
+                compat_torch_function.pop_modes(max(0, depth - self._modes_before))
+                raise self.failureException(
+                    "torch function mode stack was leaked: "
+                    f"length changed from {self._modes_before} to {depth}"
+                )
+            state = compat_torch_function.dispatch_state()
+            if state != self._dispatch_before:
+                compat_torch_function.set_dispatch_state(self._dispatch_before)
+                raise self.failureException(
+                    f"torch function state was leaked: changed from {self._dispatch_before} "
+                    f"to {state}"
+                )
+        super().tearDown()
 
     def _comparison_failure(self, msg: Message, reason: str) -> AssertionError:
+        """Upstream's failure text: the generated reason, then a str `msg` on its own line
+        (only `msg` where longMessage is off); a callable `msg` builds it from the reason."""
         if callable(msg):
             return self.failureException(msg(reason))
-        return self.failureException(self._formatMessage(msg, reason))
+        if isinstance(msg, str):
+            return self.failureException(f"{reason}\n{msg}" if self.longMessage else msg)
+        return self.failureException(reason)
 
     def assertEqual(  # noqa: N802 - unittest's naming
         self,
@@ -286,19 +196,17 @@ class TestCase(expecttest.TestCase):
         exact_stride: bool = False,
         exact_is_coalesced: bool = False,
     ) -> None:
-        """Upstream's assertEqual: tensors by value (dtype tolerances), containers elementwise.
+        """Upstream's assertEqual: tensors by value (dtype tolerances, at least `precision` /
+        `rel_tol`), containers elementwise, upstream's messages.
 
         `msg` (positional or keyword) is added to the failure, or, when callable, builds it
         from the generated message.
         """
-        if isinstance(first, str) and isinstance(second, str):
-            if first != second:
-                super().assertEqual(first, second, None if callable(msg) else msg)
-            return
         reason = mismatch(
             first, second, atol=atol, rtol=rtol, equal_nan=equal_nan, exact_dtype=exact_dtype,
             exact_device=exact_device, exact_layout=exact_layout, exact_stride=exact_stride,
-            exact_is_coalesced=exact_is_coalesced,
+            exact_is_coalesced=exact_is_coalesced, atol_floor=self.precision,
+            rtol_floor=self.rel_tol,
         )
         if reason is not None:
             raise self._comparison_failure(msg, reason)
@@ -313,10 +221,127 @@ class TestCase(expecttest.TestCase):
         rtol: Optional[float] = None,
         **options: Any,
     ) -> None:
-        """The negation of assertEqual, with the same comparison rules and keywords."""
-        reason = mismatch(first, second, atol=atol, rtol=rtol, **options)
+        """The negation of assertEqual, with the same comparison rules and keywords; fails
+        with upstream's text, `AssertionError not raised`."""
+        reason = mismatch(
+            first, second, atol=atol, rtol=rtol, atol_floor=self.precision,
+            rtol_floor=self.rel_tol, **options,
+        )
         if reason is None:
-            raise self._comparison_failure(msg, f"values are equal: {first!r} == {second!r}")
+            shown = msg if isinstance(msg, str) else None
+            raise self.failureException(self._formatMessage(shown, "AssertionError not raised"))
+
+    def assertEqualIgnoreType(self, *args: Any, **kwargs: Any) -> None:  # noqa: N802
+        """assertEqual without the dtype check (upstream's name)."""
+        self.assertEqual(*args, exact_dtype=False, **kwargs)
+
+    def assertObjectIn(self, obj: Any, iterable: Any) -> None:  # noqa: N802 - upstream's
+        """Fail unless `obj` itself (not an equal object) is in `iterable`."""
+        if not any(item is obj for item in iterable):
+            raise self.failureException("object not found in iterable")
+
+    def assertLogs(self, logger: Any = None, level: Any = None) -> Any:  # noqa: N802
+        """unittest's assertLogs, on the `torch` logger by default (upstream's)."""
+        return super().assertLogs(logging.getLogger("torch") if logger is None else logger, level)
+
+    def assertNoLogs(self, logger: Any = None, level: Any = None) -> Any:  # noqa: N802
+        """unittest's assertNoLogs, on the `torch` logger by default (upstream's)."""
+        return super().assertNoLogs(
+            logging.getLogger("torch") if logger is None else logger, level
+        )
+
+    def assertExpected(self, s: str, subname: Optional[str] = None) -> None:  # noqa: N802
+        """`s` must equal the recorded `expect/<Class>.<test>[-subname].expect` beside the test
+        file; with `--accept` (or EXPECTTEST_ACCEPT=1) it is recorded instead."""
+        if not isinstance(s, str):
+            raise TypeError("assertExpected is strings only")
+        path, label = _expect_file(self, subname)
+        shown = f"{label}{f' ({subname})' if subname else ''}"
+        try:
+            with open(path) as f:
+                expected: Optional[str] = f.read()
+        except OSError as error:
+            if error.errno != errno.ENOENT:
+                raise
+            expected = None
+        if expecttest.ACCEPT:
+            if expected != s:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write(s)
+                print(f"Accepting {'output' if expected is None else 'updated output'} "
+                      f"for {shown}:\n\n{s}")
+            return
+        if expected is None:
+            raise RuntimeError(
+                f"I got this output for {shown}:\n\n{s}\n\nNo expect file exists; to accept "
+                f"the current output, run:\npython {sys.argv[0]} {label} --accept"
+            )
+        self.assertMultiLineEqual(expected, s)
+
+    def assertExpectedRaises(  # noqa: N802 - upstream's name
+        self, exc_type: Type[BaseException], callable: Callable[..., Any],  # noqa: A002
+        *args: Any, **kwargs: Any,
+    ) -> None:
+        """`callable(*args, **kwargs)` must raise `exc_type`, whose message must match the
+        recorded one (assertExpected; a `subname=` keyword is taken for it)."""
+        subname = kwargs.pop("subname", None)
+        try:
+            callable(*args, **kwargs)
+        except exc_type as error:
+            self.assertExpected(str(error), subname)
+            return
+        self.fail(msg="Did not raise when expected to")
+
+    @contextlib.contextmanager
+    def assertWarnsOnceRegex(  # noqa: N802 - upstream's name
+        self, category: Type[Warning], regex: str = ""
+    ) -> Iterator[None]:
+        """The block must warn `category` with a message matching `regex`, counting warnings
+        torch would show only once."""
+        previous = torch.is_warn_always_enabled()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.set_warn_always(True)
+            try:
+                yield
+            finally:
+                torch.set_warn_always(previous)
+        if not caught:
+            self.fail("no warning caught")
+        matching = [w for w in caught if type(w.message) is category]
+        shown = [str(w.message) for w in caught]
+        self.assertTrue(matching, f"no {category.__name__} among {shown}")
+        pattern = re.compile(regex)
+        self.assertTrue(
+            any(pattern.match(str(w.message)) for w in matching),
+            f"{pattern}, {[str(w.message) for w in matching]}",
+        )
+
+    def genSparseTensor(  # noqa: N802 - upstream's name
+        self, size: Sequence[int], sparse_dim: int, nnz: int, is_uncoalesced: bool,
+        device: Any, dtype: torch.dtype,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A random sparse COO tensor of `size` with `nnz` entries in its `sparse_dim` sparse
+        dims and values in [-1, 1), and its indices and values. Uncoalesced: half the entries
+        repeated (so some indices occur twice)."""
+        if nnz and not all(size[d] > 0 for d in range(sparse_dim)):
+            raise AssertionError(
+                f"invalid arguments: size={size}, sparse_dim={sparse_dim}, nnz={nnz}"
+            )
+        values = torch.testing.make_tensor(
+            [nnz, *size[sparse_dim:]], device=device, dtype=dtype, low=-1, high=1
+        )
+        extents = torch.tensor(list(size[:sparse_dim]), device=device, dtype=torch.float32)
+        indices = (torch.rand(sparse_dim, nnz, device=device) * extents[:, None]).long()
+        if is_uncoalesced:
+            indices = torch.cat([indices[:, : nnz // 2], indices[:, : (nnz + 1) // 2]], 1)
+        tensor = torch.sparse_coo_tensor(indices, values, torch.Size(size), dtype=dtype,
+                                         device=device)
+        if is_uncoalesced:
+            return tensor, indices.clone(), values.clone()
+        tensor = tensor.coalesce()
+        return tensor, tensor.indices().clone(), tensor.values().clone()
 
     def assertNotWarn(self, callable: Callable[[], Any], msg: str = "") -> None:  # noqa: N802, A002
         """Fail if `callable()` warns, counting warnings torch would show only once."""
@@ -357,6 +382,6 @@ class TestCase(expecttest.TestCase):
     def run_subtests(
         self, grid: Dict[str, Sequence[Any]], fn: Callable, *args: Any, **kwargs: Any
     ) -> None:
-        """Run `fn` for every point of `grid`, each point a subTest (parametrize.run_subtests)."""
+        """Run `fn` for every point of `grid`, each point a subTest (harness/subtests.py)."""
         run_subtests(self, grid, fn, *args, **kwargs)
 

@@ -109,6 +109,14 @@ class SnapshotTest(unittest.TestCase):
             after = leaks.snapshot(["process_groups"], own)
         self.assertEqual(leaks.leaks(before, after), ["1 process group not destroyed"])
 
+    def test_device_mesh_groups_are_not_counted(self) -> None:
+        mesh_group = mock.Mock(group_desc="mesh_tp")
+        groups: List[object] = []
+        with mock.patch.object(leaks.compat_distributed, "live_process_groups", lambda: groups):
+            before = leaks.snapshot(["process_groups"])
+            groups.append(mesh_group)
+            self.assertEqual(leaks.leaks(before, leaks.snapshot(["process_groups"])), [])
+
     def test_generator_reseeded_or_drawn_from(self) -> None:
         state = torch.get_rng_state()
         self.addCleanup(torch.set_rng_state, state)

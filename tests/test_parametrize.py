@@ -1,4 +1,4 @@
-"""harness.parametrize: generated test names, stacking, errors, subtest grids."""
+"""harness.parametrize: generated test names, stacking, errors (grids: test_subtests.py)."""
 
 import enum
 import unittest
@@ -6,9 +6,7 @@ import unittest
 import pytest
 import torch
 
-from harness import TestCase, instantiate_parametrized_tests, parametrize, run_subtests, subtest
-from harness.launch.context import RankContext
-from harness.launch.report import RankRecord, RecordSink, ReportingResult
+from harness import TestCase, instantiate_parametrized_tests, parametrize, subtest
 from harness.skips import REQUIREMENTS_ATTR, skip_if_lt_x_gpu
 from tests.upstream_style.ids_declarations import declare, upstream_declarations
 
@@ -186,100 +184,6 @@ class DifferentialIdsTest(unittest.TestCase):
         self.assertEqual(sorted(ours), sorted(theirs))
         for key in theirs:
             self.assertEqual(ours[key], theirs[key], key)
-
-
-class RunSubtestsTest(unittest.TestCase):
-    def _run(self, body, context=None):
-        """Run `body` as a test; with a RankContext, as a rank of a multi-rank test."""
-
-        class Case(TestCase):
-            def test_grid(self):
-                body(self)
-
-        result = unittest.TestResult()
-        case = Case("test_grid")
-        case.rank_context = context
-        case.run(result)
-        return case, result
-
-    def test_cartesian_product_in_dict_order_with_extra_args(self):
-        seen = []
-
-        def fn(prefix, a, b, suffix):
-            seen.append((prefix, a, b, suffix))
-
-        case, result = self._run(
-            lambda self: run_subtests(self, {"a": [1, 2], "b": ["x", "y"]}, fn, "p", suffix="s")
-        )
-        self.assertTrue(result.wasSuccessful())
-        self.assertEqual(
-            seen, [("p", 1, "x", "s"), ("p", 1, "y", "s"), ("p", 2, "x", "s"), ("p", 2, "y", "s")]
-        )
-
-    def test_failing_point_is_reported_with_params_and_the_rest_still_run(self):
-        seen = []
-
-        def fn(self_, a, b):
-            seen.append((a, b))
-            self_.assertNotEqual((a, b), (2, "x"))
-
-        _, result = self._run(
-            lambda self: self.run_subtests({"a": [1, 2, 3], "b": ["x"]}, fn, self)
-        )
-        self.assertFalse(result.wasSuccessful())
-        self.assertEqual(seen, [(1, "x"), (2, "x"), (3, "x")])
-        self.assertEqual(len(result.failures), 1)
-        self.assertIn("(a=2, b='x')", str(result.failures[0][0]))
-
-    def test_skipped_point_is_not_a_failure(self):
-        def fn(self_, a):
-            if a == 1:
-                self_.skipTest("not this one")
-
-        _, result = self._run(lambda self: self.run_subtests({"a": [1, 2]}, fn, self))
-        self.assertTrue(result.wasSuccessful())
-        self.assertEqual([reason for _, reason in result.skipped], ["not this one"])
-
-    def test_in_a_rank_each_point_is_counted_and_synchronised(self):
-        synced = []
-
-        def grid_sync(params, passed):
-            synced.append((params, passed))
-            return True
-
-        context = RankContext(0, 2, ReportingResult(RecordSink(RankRecord(0))), grid_sync=grid_sync)
-
-        def fn(a):
-            assert a != 2
-
-        self._run(lambda self: self.run_subtests({"a": [1, 2, 3]}, fn), context=context)
-        self.assertEqual(synced, [({"a": 1}, True), ({"a": 2}, False), ({"a": 3}, True)])
-        self.assertEqual(context.grid_points, 3)
-
-    def test_ranks_out_of_step_stop_the_grid(self):
-        seen = []
-        context = RankContext(
-            0, 2, ReportingResult(RecordSink(RankRecord(0))),
-            grid_sync=lambda params, passed: passed,
-        )
-
-        def fn(a):
-            seen.append(a)
-            assert a != 2
-
-        _, result = self._run(lambda self: self.run_subtests({"a": [1, 2, 3]}, fn), context=context)
-        self.assertEqual(seen, [1, 2])
-        self.assertEqual(context.grid_points, 2)
-        self.assertTrue(any("could not stay in step" in text for _, text in result.failures))
-
-    def test_bad_grids_name_the_problem(self):
-        case = TestCase()
-        with self.assertRaisesRegex(TypeError, "must be a dict.*got list"):
-            run_subtests(case, [("a", [1])], print)
-        with self.assertRaisesRegex(ValueError, r"grid\['b'\] is an empty list"):
-            run_subtests(case, {"a": [1], "b": []}, print)
-        with self.assertRaisesRegex(TypeError, r"grid\['a'\] must be a list"):
-            run_subtests(case, {"a": 3}, print)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ from typing import Optional
 
 import pytest
 
+from harness.runner import upstream_flags
 from harness.runner.main import run_tests
 from tests.fixtures import REPO, child_env
+from tests.upstream_probe import compare
 
 FIXTURES = REPO / "tests" / "fixtures"
 
@@ -128,6 +130,85 @@ class TestRunTestsFlags(unittest.TestCase):
             self.assertEqual(proc.returncode, 0, proc.stderr)
             names = sorted(os.listdir(f"{tmp}/out"))
         self.assertEqual(names, ["TEST-TestPasses.xml", "TEST-TestSkips.xml"])
+
+
+# The flags upstream's run_tests takes, as PyTorch's CI passes them to every test file.
+CI_FLAGS = ("--import-disabled-tests", "--import-slow-tests", "--log-suffix=-shard-1",
+            "--showlocals", "--jit-executor", "legacy", "--accept")
+
+
+class TestUpstreamFlagsParsing(unittest.TestCase):
+    """In process: which upstream flags act, which are ignored with a note, what is left."""
+
+    def test_every_upstream_flag_is_taken_out(self) -> None:
+        flags, rest = upstream_flags.take([
+            "-v", "--subprocess", "--use-pytest", "--log-suffix=-shard-2", "--jit_executor=simple",
+            "--test-bailouts", "--run-parallel", "2", "--import-slow-tests", "slow.json",
+            "--import-disabled-tests", "--rerun-disabled-tests", "--no-showlocals", "-k", "abc",
+            "TestX.test_y",
+        ])
+        self.assertEqual(rest, ["-v", "-k", "abc", "TestX.test_y"])
+        self.assertEqual(len(flags.notes), 8)
+        self.assertEqual(flags.log_suffix, "-shard-2")
+        self.assertIn("--use-pytest ignored: the file runs under unittest", flags.notes[1])
+        self.assertFalse(flags.show_locals or flags.accept or flags.discover)
+
+    def test_flags_that_mean_something_here(self) -> None:
+        flags, rest = upstream_flags.take([
+            "--accept", "--showlocals", "--discover-tests",
+            "--pytest-single-test", "test_file.py::TestX::test_y",
+        ])
+        self.assertEqual(rest, [])
+        self.assertEqual(flags.notes, [])
+        self.assertTrue(flags.accept and flags.show_locals and flags.discover)
+        self.assertEqual(flags.tests, ["TestX.test_y"])
+
+
+@pytest.mark.slow
+class TestUpstreamFlagsAccepted(unittest.TestCase):
+    def test_ci_flags_run_the_file_with_a_note_each(self) -> None:
+        proc = run_file("runner_pass.py", *CI_FLAGS, "--use-pytest", "--subprocess",
+                        "--rerun-disabled-tests", "-v")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("Ran 4 tests", proc.stderr)
+        notes = [line for line in proc.stderr.splitlines() if line.startswith("run_tests: ")]
+        self.assertEqual(len(notes), 6, notes)
+        self.assertIn("run_tests: --subprocess ignored: every multi-rank test already starts "
+                      "fresh rank processes", notes)
+
+    def test_discover_tests_lists_and_single_test_selects(self) -> None:
+        listed = run_file("runner_pass.py", "--discover-tests")
+        self.assertEqual(listed.returncode, 0, listed.stderr)
+        self.assertEqual(len(listed.stdout.split()), 4)
+        single = run_file("runner_pass.py", "--pytest-single-test",
+                          "runner_pass.py::TestPasses::test_two", "-v")
+        self.assertEqual(single.returncode, 0, single.stderr)
+        self.assertIn("Ran 1 test", single.stderr)
+
+    def test_same_outcomes_as_upstream_with_the_ci_flags(self) -> None:
+        theirs, ours, shown = compare(FLAGS_PROBE, args=CI_FLAGS)
+        self.assertEqual(len(theirs), 3, shown)
+        self.assertEqual(ours, theirs, shown)
+
+
+FLAGS_PROBE = """
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+class TestFlags(TestCase):
+    def test_pass(self):
+        self.assertEqual(1, 1)
+
+    def test_fail(self):
+        self.assertEqual(1, 2)
+
+    def test_skip(self):
+        self.skipTest("not here")
+
+
+if __name__ == "__main__":
+    run_tests()
+"""
 
 
 if __name__ == "__main__":

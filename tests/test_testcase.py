@@ -24,16 +24,24 @@ from torch.distributed.tensor import DTensor
 from harness import TestCase
 from harness.launch.context import RankContext
 from harness.launch.report import RankRecord, RecordSink, ReportingResult
-from harness.testcase import SEED_ENV, current_seed, route_test_method
+from harness.launch.routing import route_test_method
+from harness.testcase import SEED_ENV, current_seed
+from tests.upstream_probe import compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+KEYS_DIFFER = (
+    r"^The keys of the mappings do not match:\nMissing keys in the actual mapping: \['b'\]\n"
+    r"Additional keys in the actual mapping: \['a'\]$"
+)
 
 
 class AssertEqualTest(TestCase):
     def test_tensors_equal_within_dtype_tolerance(self):
         a = torch.tensor([1.0, 2.0])
         self.assertEqual(a, a + 1e-7)
-        with self.assertRaisesRegex(AssertionError, "tensors differ"):
+        with self.assertRaisesRegex(AssertionError, "^Tensor-likes are not close!"):
             self.assertEqual(a, a + 1e-3)
 
     def test_half_precision_uses_looser_tolerance(self):
@@ -78,11 +86,12 @@ class AssertEqualTest(TestCase):
     def test_containers_elementwise(self):
         value = {"w": torch.ones(2), "n": [1, (2, 3)]}
         self.assertEqual(value, {"w": torch.ones(2), "n": [1, (2, 3)]})
-        with self.assertRaisesRegex(AssertionError, r"at \['n'\]\[1\]\[0\]"):
+        with self.assertRaisesRegex(AssertionError, r"item \['n'\]\[1\]\[0\]$"):
             self.assertEqual({"n": [1, (2, 3)]}, {"n": [1, (4, 3)]})
-        with self.assertRaisesRegex(AssertionError, "lengths differ"):
+        with self.assertRaisesRegex(AssertionError, "^The length of the sequences mismatch: 2 != 3$"
+                                    ):
             self.assertEqual([1, 2], [1, 2, 3])
-        with self.assertRaisesRegex(AssertionError, "keys differ"):
+        with self.assertRaisesRegex(AssertionError, KEYS_DIFFER):
             self.assertEqual({"a": 1}, {"b": 1})
 
     def test_other_values_with_eq(self):
@@ -104,7 +113,7 @@ class AssertEqualTest(TestCase):
     def test_assert_not_equal_is_negation(self):
         self.assertNotEqual(torch.ones(2), torch.zeros(2))
         self.assertNotEqual([1, 2], [1, 3])
-        with self.assertRaisesRegex(AssertionError, "values are equal"):
+        with self.assertRaisesRegex(AssertionError, "^AssertionError not raised$"):
             self.assertNotEqual(torch.ones(2), torch.ones(2))
         with self.assertRaises(AssertionError):
             self.assertNotEqual({"a": 1}, {"a": 1})
@@ -165,7 +174,7 @@ class UpstreamAssertEqualFormsTest(TestCase):
             self.assertEqual(torch.ones(1), torch.zeros(1), "positional context")
         with self.assertRaisesRegex(AssertionError, "keyword context"):
             self.assertEqual([1], [2], msg="keyword context")
-        with self.assertRaisesRegex(AssertionError, r"^built: 1 != 2$"):
+        with self.assertRaisesRegex(AssertionError, r"^built: Scalars are not equal!\n\n"):
             self.assertEqual(1, 2, msg=lambda generated: f"built: {generated}")
         with self.assertRaisesRegex(AssertionError, "string context"):
             self.assertEqual("a", "b", msg="string context")
@@ -216,7 +225,7 @@ class UpstreamAssertEqualFormsTest(TestCase):
     def test_nested_containers_with_tensors_and_modules(self):
         value = {"a": [torch.ones(2), (1, None)], "b": torch.Size([2, 3])}
         self.assertEqual(value, {"a": [torch.ones(2), (1, None)], "b": (2, 3)})
-        with self.assertRaisesRegex(AssertionError, r"at \['a'\]\[0\]"):
+        with self.assertRaisesRegex(AssertionError, r"failure occurred for item \['a'\]\[0\]$"):
             self.assertEqual(value, {"a": [torch.zeros(2), (1, None)], "b": (2, 3)})
         first, second = nn.Linear(1, 1), nn.Linear(1, 1)
         self.assertEqual(nn.ModuleList([first]), [first])
@@ -321,8 +330,58 @@ def passes(base: type, first: Any, second: Any, keywords: Dict[str, Any]) -> boo
     return True
 
 
+def message_cases() -> List[Tuple[str, Any, Any, Dict[str, Any]]]:
+    """(label, first, second, keywords) failing pairs whose messages must be upstream's, word
+    for word; keywords may hold the case's `precision`/`rel_tol` and assertEqual's `msg`."""
+    pairs = [
+        (1, 2, {}), (1.0, 1.5, {}), (1, 1.5, {}), (True, False, {}), (None, 1, {}),
+        (1, None, {}), ("a", "b", {}), ("one\ntwo", "one\nthree", {}), ([1, 2], [1, 2, 3], {}),
+        ([1, 2], [1, 3], {}), ((1, 2), (1, 2, 3), {}), ({"a": 1}, {"b": 1}, {}),
+        ({"a": 1, "b": 2}, {"a": 1, "c": 2}, {}), ({"a": 1}, {"a": 2}, {}),
+        ({"a": [1, {"b": 2}]}, {"a": [1, {"b": 3}]}, {}), (torch.ones(2), torch.zeros(2), {}),
+        (torch.ones(2), torch.ones(3), {}), (torch.ones(2), torch.ones(2, dtype=torch.float64), {}),
+        (torch.tensor([1, 2]), torch.tensor([1, 3]), {}), (torch.tensor(1.0), 2, {}),
+        (2, torch.tensor(3), {}), (torch.ones(2), [1, 3], {}), ({1, 2}, {1, 3}, {}),
+        (int, float, {}), ("a", 1, {}), (torch.float32, torch.float64, {}),
+        (torch.device("cpu"), torch.device("meta"), {}), (1 + 1j, 1 + 2j, {}),
+        (float("nan"), 1.0, {}), ([torch.ones(1)], [torch.zeros(1)], {}),
+        (1.0, 1.05, {"atol": 0.01, "rtol": 0}), (torch.ones(1), torch.ones(1) + 0.5,
+                                                  {"atol": 0.1, "rtol": 0.1}),
+        (1, 2, {"msg": "context"}), ([1], [2], {"msg": "context", "longMessage": False}),
+        (torch.ones(1), torch.ones(1) * 1.5, {"precision": 0.1}),
+        (torch.ones(1), torch.ones(1) * 1.5, {"rel_tol": 0.1}),
+        (1.0, 1.5, {"precision": 0.1, "rel_tol": 0.01}), (3, 7, {"precision": 2}),
+    ]
+    return [
+        (f"{i}: {type(a).__name__} vs {type(b).__name__} {kw}", a, b, kw)
+        for i, (a, b, kw) in enumerate(pairs)
+    ]
+
+
+def message(base: type, first: Any, second: Any, keywords: Dict[str, Any]) -> str:
+    """The failure text of `base`'s assertEqual for the pair (or why it did not fail)."""
+    settings = {k: keywords[k] for k in ("precision", "rel_tol", "longMessage") if k in keywords}
+    options = {k: v for k, v in keywords.items() if k not in settings}
+
+    class Probe(base):  # type: ignore[misc, valid-type]
+        def runTest(self) -> None:  # noqa: N802 - unittest's naming
+            """Unused: the probe only lends its assertEqual."""
+
+    probe = Probe()
+    for name, value in settings.items():
+        setattr(probe, name, value)
+    try:
+        probe.assertEqual(first, second, **options)
+    except AssertionError as error:
+        return str(error)
+    except Exception as error:
+        return f"raised {type(error).__name__}"
+    return "passed"
+
+
 def print_upstream_verdicts() -> None:
-    """Run in a child process: upstream's verdict for each comparison case, as JSON."""
+    """Run in a child process: upstream's verdict for each comparison case, and its message
+    for each message case, as JSON."""
     import json
 
     from torch.testing._internal.common_utils import TestCase as UpstreamTestCase
@@ -332,21 +391,30 @@ def print_upstream_verdicts() -> None:
         verdicts = {
             label: passes(UpstreamTestCase, a, b, kw) for label, a, b, kw in comparison_cases()
         }
-    print(json.dumps(verdicts))
+        messages = {
+            label: message(UpstreamTestCase, a, b, kw) for label, a, b, kw in message_cases()
+        }
+    print(json.dumps({"verdicts": verdicts, "messages": messages}))
 
 
 @pytest.mark.slow
 class AssertEqualMatchesUpstreamTest(unittest.TestCase):
-    """Differential: the same pairs through upstream's assertEqual and ours agree."""
+    """Differential: the same pairs through upstream's assertEqual and ours agree, verdicts
+    and messages."""
 
-    def test_same_verdicts_as_upstream(self) -> None:
+    @classmethod
+    def setUpClass(cls) -> None:
         code = "from tests.test_testcase import print_upstream_verdicts; print_upstream_verdicts()"
         done = subprocess.run(
             [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
             env=dict(os.environ, PYTHONPATH=ROOT),
         )
-        self.assertEqual(done.returncode, 0, done.stderr)
-        upstream = json.loads(done.stdout.strip().splitlines()[-1])
+        if done.returncode != 0:
+            raise AssertionError(done.stderr[-3000:])
+        cls.upstream = json.loads(done.stdout.strip().splitlines()[-1])
+
+    def test_same_verdicts_as_upstream(self) -> None:
+        upstream = self.upstream["verdicts"]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ours = {label: passes(TestCase, a, b, kw) for label, a, b, kw in comparison_cases()}
@@ -356,6 +424,220 @@ class AssertEqualMatchesUpstreamTest(unittest.TestCase):
         self.assertEqual(differ, lenient)
         self.assertTrue(all(ours[label] and not upstream[label] for label in lenient))
         self.assertEqual(len(set(ours.values())), 2, "the cases must include passes and failures")
+
+    def test_same_messages_as_upstream(self) -> None:
+        upstream = self.upstream["messages"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ours = {label: message(TestCase, a, b, kw) for label, a, b, kw in message_cases()}
+        self.assertNotIn("passed", upstream.values())
+        differ = {label: (ours[label], upstream[label]) for label in upstream
+                  if ours[label] != upstream[label]}
+        self.assertEqual(differ, {}, "(ours, upstream) per case")
+
+
+# A file written against upstream's TestCase: per-test process state, tolerances, recorded
+# exception messages, sparse inputs and message texts. Run under both harnesses.
+TESTCASE_PROBE = r'''import unittest
+
+import torch
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+class TestState(TestCase):
+    def test_a_turns_grad_off(self):
+        torch.set_grad_enabled(False)
+
+    def test_b_grad_is_back(self):
+        self.assertTrue(torch.is_grad_enabled())
+
+    def test_c_leaks_default_device(self):
+        torch.set_default_device("meta")
+
+    def test_d_default_device_is_back(self):
+        self.assertEqual(torch.ones(1).device.type, "cpu")
+
+    def test_e_sparse_invariants_checked(self):
+        with self.assertRaises(RuntimeError):
+            torch.sparse_coo_tensor(torch.tensor([[5]]), torch.ones(1), (2,))
+
+
+class TestTolerances(TestCase):
+    def test_precision_loosens(self):
+        self.precision = 0.1
+        self.assertEqual(torch.tensor([1.0]), torch.tensor([1.05]))
+        self.assertEqual(1.0, 1.05)
+
+    def test_rel_tol_loosens(self):
+        self.rel_tol = 0.1
+        self.assertEqual(torch.tensor([100.0]), torch.tensor([105.0]))
+
+    def test_precision_too_small(self):
+        self.precision = 1e-3
+        self.assertEqual(torch.tensor([1.0]), torch.tensor([1.05]))
+
+    def test_precision_on_ints(self):
+        self.precision = 2
+        self.assertEqual(torch.tensor([3]), torch.tensor([4]))
+
+
+class TestExpected(TestCase):
+    def test_raises_as_recorded(self):
+        self.assertExpectedRaises(ValueError, lambda: int("x"))
+
+    def test_raises_not_as_recorded(self):
+        self.assertExpectedRaises(ValueError, lambda: int("y"), subname="other")
+
+    def test_does_not_raise(self):
+        self.assertExpectedRaises(ValueError, lambda: 1)
+
+    def test_no_record(self):
+        self.assertExpectedRaises(ValueError, lambda: int("z"), subname="missing")
+
+
+class TestSparse(TestCase):
+    def test_gen_sparse(self):
+        for uncoalesced in (False, True):
+            x, i, v = self.genSparseTensor([3, 4, 2], 2, 5, uncoalesced, "cpu", torch.float64)
+            self.assertEqual(x.shape, (3, 4, 2))
+            self.assertEqual(x.is_coalesced(), not uncoalesced)
+            self.assertEqual(i.shape[0], 2)
+            self.assertEqual(v.shape[1:], (2,))
+            self.assertEqual(x.dtype, torch.float64)
+            self.assertTrue(bool((v >= -1).all() and (v <= 1).all()))
+
+
+class TestMessages(TestCase):
+    def test_scalars(self):
+        with self.assertRaisesRegex(AssertionError, r"^Scalars are not equal!"):
+            self.assertEqual(1, 2)
+
+    def test_containers(self):
+        with self.assertRaisesRegex(AssertionError, r"The failure occurred for item \[1\]$"):
+            self.assertEqual([1, 2], [1, 3])
+
+    def test_not_equal(self):
+        with self.assertRaisesRegex(AssertionError, r"^AssertionError not raised"):
+            self.assertNotEqual(1, 1)
+
+
+if __name__ == "__main__":
+    run_tests()
+'''
+EXPECT_FILES = {
+    "expect/TestExpected.test_raises_as_recorded.expect":
+        "invalid literal for int() with base 10: 'x'",
+    "expect/TestExpected.test_raises_not_as_recorded-other.expect": "something else",
+}
+
+
+@pytest.mark.slow
+class TestCaseFileMatchesUpstreamTest(unittest.TestCase):
+    """Differential: the same TestCase file under upstream's harness and this one."""
+
+    def test_same_outcome_per_test_id(self) -> None:
+        theirs, ours, shown = compare(TESTCASE_PROBE, files=EXPECT_FILES)
+        self.assertEqual(len(theirs), 17, shown)
+        self.assertEqual(ours, theirs, shown)
+        self.assertEqual(theirs["TestState.test_c_leaks_default_device"], "failure")
+        self.assertEqual(theirs["TestExpected.test_no_record"], "error")
+
+
+def _run_case(cls: type, name: str) -> unittest.TestResult:
+    result = unittest.TestResult()
+    cls(name).run(result)
+    return result
+
+
+class UpstreamTestStateTest(unittest.TestCase):
+    """What upstream's TestCase restores or checks around every test."""
+
+    def test_grad_mode_is_restored(self) -> None:
+        class Case(TestCase):
+            def test_off(self):
+                torch.set_grad_enabled(False)
+
+        self.assertTrue(_run_case(Case, "test_off").wasSuccessful())
+        self.assertTrue(torch.is_grad_enabled())
+
+    def test_a_leaked_default_device_fails_the_test_and_is_undone(self) -> None:
+        class Case(TestCase):
+            def test_leak(self):
+                torch.set_default_device("meta")
+
+        result = _run_case(Case, "test_leak")
+        self.assertEqual(len(result.failures), 1)
+        self.assertIn("torch function mode stack was leaked: length changed from 0 to 1",
+                      result.failures[0][1])
+        self.assertEqual(torch.ones(1).device.type, "cpu")
+
+    def test_sparse_invariants_are_checked_during_the_test_only(self) -> None:
+        class Case(TestCase):
+            def test_invalid(self):
+                with self.assertRaises(RuntimeError):
+                    torch.sparse_coo_tensor(torch.tensor([[5]]), torch.ones(1), (2,))
+
+        before = torch.sparse.check_sparse_tensor_invariants.is_enabled()
+        self.assertTrue(_run_case(Case, "test_invalid").wasSuccessful())
+        self.assertEqual(torch.sparse.check_sparse_tensor_invariants.is_enabled(), before)
+
+    def test_precision_and_rel_tol_are_lower_bounds(self) -> None:
+        class Loose(TestCase):
+            _precision = 0.1
+
+            def test_close(self):
+                self.assertEqual(torch.tensor([1.0]), torch.tensor([1.05]))
+                self.assertEqual(1.0, 1.05)
+                self.rel_tol = 0.5
+                self.assertEqual(torch.tensor([100.0]), torch.tensor([140.0]))
+                self.assertEqual(torch.tensor([1.0]), torch.tensor([1.05]), atol=0, rtol=0)
+
+            def test_far(self):
+                self.assertEqual(torch.tensor([1.0]), torch.tensor([1.5]))
+
+        self.assertTrue(_run_case(Loose, "test_close").wasSuccessful())
+        self.assertEqual(len(_run_case(Loose, "test_far").failures), 1)
+
+    def test_current_test_name_as_method_and_as_property(self) -> None:
+        class Case(TestCase):
+            def test_named(self):
+                self.assertEqual(self._current_test_name(), "test_named")
+                self.assertEqual(self._current_test_name, "test_named")
+
+        self.assertTrue(_run_case(Case, "test_named").wasSuccessful())
+
+    def test_assert_expected_raises_reads_and_accepts_the_record(self) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "expect", "Case.test_x.expect")
+
+            class Case(TestCase):
+                def test_x(self):
+                    self.assertExpectedRaises(ValueError, int, "x")
+
+            with mock.patch("harness.testcase._expect_file", return_value=(path, "Case.test_x")):
+                missing = _run_case(Case, "test_x")
+                with mock.patch("expecttest.ACCEPT", True):
+                    self.assertTrue(_run_case(Case, "test_x").wasSuccessful())
+                recorded = _run_case(Case, "test_x")
+            self.assertIn("No expect file exists", missing.errors[0][1])
+            self.assertTrue(recorded.wasSuccessful())
+            with open(path) as f:
+                self.assertEqual(f.read(), "invalid literal for int() with base 10: 'x'")
+
+    def test_gen_sparse_tensor(self) -> None:
+        case = TestCase()
+        tensor, indices, values = case.genSparseTensor([3, 4, 2], 2, 6, False, "cpu", torch.float32)
+        self.assertTrue(tensor.is_coalesced())
+        self.assertEqual(tensor.shape, (3, 4, 2))
+        self.assertTrue(torch.equal(indices, tensor.indices()))
+        self.assertTrue(torch.equal(values, tensor.values()))
+        loose, indices, values = case.genSparseTensor([3, 4], 2, 6, True, "cpu", torch.float64)
+        self.assertFalse(loose.is_coalesced())
+        self.assertEqual(indices.shape, (2, 6))
+        rebuilt = torch.sparse_coo_tensor(indices, values, (3, 4))
+        self.assertTrue(torch.equal(loose.to_dense(), rebuilt.to_dense()))
+        with self.assertRaisesRegex(AssertionError, "invalid arguments"):
+            case.genSparseTensor([0, 4], 2, 3, False, "cpu", torch.float32)
 
 
 class UpstreamTestCaseHelpersTest(TestCase):

@@ -1,4 +1,5 @@
-"""The `threaded` backend gives the same results as gloo, and never deadlocks on a failure.
+"""The harness's threaded backend gives the same results as gloo, never deadlocks on a failure,
+and leaves torch's own `threaded` backend (upstream's test utilities) working beside it.
 
 Every collective runs the same script (`collectives_script`) on thread ranks with the
 threaded backend and on gloo rank processes, for world sizes 1 to 4 and the dtypes FSDP
@@ -26,6 +27,7 @@ from harness.compat import c10d_world
 from harness.testcase import TestCase
 from harness.threads import backend as threaded_pg
 from harness.threads import world as thread_world
+from harness.threads.case import MultiThreadedTestCase
 
 WORLD_SIZES = (1, 2, 3, 4)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int64)
@@ -226,7 +228,7 @@ def run_on_threads(
         thread_world.bind_thread(world, rank)
         torch.autograd.set_multithreading_enabled(False)
         try:
-            dist.init_process_group("threaded", rank=rank, world_size=world_size,
+            dist.init_process_group(threaded_pg.BACKEND_NAME, rank=rank, world_size=world_size,
                                     store=world.store)
             results[rank] = fn(rank, world_size)
         except BaseException as error:
@@ -429,9 +431,68 @@ class TestBackendBehaviour(TestCase):
         threaded_pg.register()
         with c10d_world.thread_local_c10d_world():
             with self.assertRaisesRegex(RuntimeError, "bound to a ThreadedWorld"):
-                dist.init_process_group("threaded", rank=0, world_size=1,
+                dist.init_process_group(threaded_pg.BACKEND_NAME, rank=0, world_size=1,
                                         store=dist.HashStore())
         self.assertFalse(dist.is_initialized())
+
+
+class _OurThreads(MultiThreadedTestCase):
+    """A MultiThreadedTestCase of the harness, run before torch's own threaded helpers."""
+
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def test_all_reduce(self) -> None:
+        value = torch.ones(1)
+        dist.all_reduce(value)
+        self.assertEqual(value.item(), 2.0)
+        self.assertEqual(dist.get_backend(), threaded_pg.BACKEND_NAME)
+
+
+def _upstream_spawned_cases() -> type:
+    """A TestCase of upstream's harness using upstream's spawn_threads_and_init_comms."""
+    from torch.testing._internal.common_distributed import spawn_threads_and_init_comms
+    from torch.testing._internal.common_utils import TestCase as UpstreamTestCase
+
+    class Spawned(UpstreamTestCase):
+        @spawn_threads_and_init_comms(world_size=2)
+        def test_sum(self) -> None:
+            value = torch.ones(1)
+            dist.all_reduce(value)
+            assert value.item() == 2.0
+            assert dist.get_backend() == "threaded"
+
+        @spawn_threads_and_init_comms(world_size=2)
+        def test_wrong_sum(self) -> None:
+            value = torch.ones(1)
+            dist.all_reduce(value)
+            assert value.item() == 3.0, "wrong sum"
+
+    return Spawned
+
+
+class TorchOwnThreadedBackendTest(unittest.TestCase):
+    """Upstream's own thread helpers keep working after the harness's threads ran (they broke
+    when this backend took over the name `threaded`: their threads died before reporting)."""
+
+    def test_upstream_spawn_helper_after_ours(self) -> None:
+        spawned = _upstream_spawned_cases()  # registers torch's own `threaded` backend
+        ours = unittest.TestResult()
+        _OurThreads("test_all_reduce").run(ours)
+        self.assertTrue(ours.wasSuccessful(), ours.failures + ours.errors)
+        self.assertIn("threaded", dist.Backend.backend_list)
+        self.assertIn(threaded_pg.BACKEND_NAME, dist.Backend.backend_list)
+        passing, failing = unittest.TestResult(), unittest.TestResult()
+        spawned("test_sum").run(passing)
+        spawned("test_wrong_sum").run(failing)
+        self.assertTrue(passing.wasSuccessful(), passing.failures + passing.errors)
+        self.assertEqual(failing.testsRun, 1)
+        self.assertFalse(failing.wasSuccessful())
+        self.assertIn("wrong sum", str(failing.failures + failing.errors))
+        again = unittest.TestResult()
+        _OurThreads("test_all_reduce").run(again)  # and ours still works after theirs
+        self.assertTrue(again.wasSuccessful(), again.failures + again.errors)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Comparing two tensors whose classes are unrelated subclasses of torch.Tensor.
+"""Comparing two tensors whose classes are unrelated subclasses of torch.Tensor; the default
+tolerances of a pair of tensors.
 
 `torch.testing.assert_close` refuses such a pair (say an AsyncCollectiveTensor against a
 LocalTensor); upstream's `assertEqual` compares them by value. Doing the same needs
@@ -7,7 +8,7 @@ torch's comparison machinery with a relaxed input check, which is private, so it
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import torch
 from torch.testing._comparison import (
@@ -55,3 +56,11 @@ def unrelated_tensors_mismatch(
         **options,
     )
     return str(metas[0].to_error()) if metas else None
+
+
+def default_tolerances(actual: torch.Tensor, expected: torch.Tensor) -> Tuple[float, float]:
+    """(rtol, atol) that `assert_close` would use for the pair's dtypes (the looser of the two),
+    for raising them to a test's minimum (``torch.testing._comparison.default_tolerances``)."""
+    from torch.testing._comparison import default_tolerances as tolerances
+
+    return tolerances(actual, expected)

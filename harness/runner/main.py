@@ -16,10 +16,12 @@ import unittest
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+import expecttest
+
 from harness import devices
 from harness.compat import cpu_defaults as compat_cpu_defaults
 from harness.process import forkserver, torchrun
-from harness.runner import lifecycle
+from harness.runner import lifecycle, upstream_flags
 from harness.runner.cli import print_list, run_tests_parser
 from harness.runner.engine import Engine, Options, closing_line
 from harness.runner.junit import junit_result_class, xml_runner
@@ -41,6 +43,10 @@ Harness options (besides unittest's):
                     the classes of the file in that order (HARNESS_ORDER)
   -j N|auto         run tests side by side within N cores (auto: the machine's), with
                     run_all.py's summary
+  --debug-rank N    give rank N the terminal, for breakpoint()/pdb; the other ranks and
+                    the timeout wait for it (sets HARNESS_DEBUG_RANK)
+Upstream's run_tests flags are accepted: --accept, --showlocals, --discover-tests and
+--log-suffix act, --pytest-single-test selects the test, the others are ignored with a note.
 """
 
 
@@ -134,20 +140,38 @@ def _restart_with_switch() -> None:
     os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
+def _apply_upstream_flags(
+    flags: upstream_flags.UpstreamFlags, harness_args: argparse.Namespace, rest: List[str]
+) -> List[str]:
+    """Act on upstream's flags (harness/runner/upstream_flags.py); the unittest arguments."""
+    for note in flags.notes:
+        print(f"run_tests: {note}", file=sys.stderr)
+    if flags.accept:
+        expecttest.ACCEPT = True
+        os.environ["EXPECTTEST_ACCEPT"] = "1"  # rank processes record too
+    harness_args.list = harness_args.list or flags.discover
+    if harness_args.save_xml is not None:
+        harness_args.save_xml += flags.log_suffix
+    return [*(["--locals"] if flags.show_locals else []), *rest, *flags.tests]
+
+
 def run_tests(argv: Optional[Sequence[str]] = None) -> None:
     """`if __name__ == "__main__": run_tests()`: unittest's command line (-v, -k, test names,
     -f, ...) plus --save-xml [DIR], --seed N, --repeat N, --list and --allow-cpu (sets
     HARNESS_ALLOW_CPU=1; from the command line the file is run again with it, so that its
-    device-type classes are made with it). Exits with unittest's code,
-    or 130/143/129 when stopped by Ctrl-C/SIGTERM/SIGHUP (after reporting what finished).
+    device-type classes are made with it), and upstream's flags (upstream_flags.py). Exits
+    with unittest's code, or 130/143/129 when stopped by Ctrl-C/SIGTERM/SIGHUP (after
+    reporting what finished).
     Nothing it started outlives it; the signal handlers it replaced are restored."""
     forkserver.check_not_bootstrapping()  # called by a script that lacks its main guard
     argv_given, argv = argv, list(sys.argv if argv is None else argv)
     try:
         harness_args, rest = run_tests_parser().parse_known_args(argv[1:])
+        upstream, rest = upstream_flags.take(rest)
     except UsageError as error:
         print(f"{Path(argv[0]).name}: error: {error}", file=sys.stderr)
         sys.exit(2)
+    rest = _apply_upstream_flags(upstream, harness_args, rest)
     if harness_args.seed is not None:
         os.environ[SEED_ENV] = str(harness_args.seed)
     try:
@@ -155,6 +179,8 @@ def run_tests(argv: Optional[Sequence[str]] = None) -> None:
     except OrderError as error:
         print(f"{Path(argv[0]).name}: error: {error}", file=sys.stderr)
         sys.exit(2)
+    if harness_args.debug_rank is not None:
+        os.environ[devices.DEBUG_RANK_ENV] = str(harness_args.debug_rank)
     if harness_args.allow_cpu and os.environ.get(devices.ALLOW_CPU_ENV) != "1":
         os.environ[devices.ALLOW_CPU_ENV] = "1"
         if argv_given is None:

@@ -1,10 +1,15 @@
-"""The `threaded` process-group backend: ranks are threads of one process.
+"""The harness's threaded process-group backend (`harness_threaded`): ranks are threads of one
+process.
 
 Why it exists: c10d needs a registered backend to build process groups from; this one
 turns each c10d call (tensors plus options) into a payload and the arithmetic that
 serves it (harness/threads/collective_math.py), and hands both to the rank threads' rendezvous
 (harness/threads/world.py). A rank thread must be bound to a `ThreadedWorld` before it
-calls `init_process_group("threaded", ...)` or `new_group`.
+calls `init_process_group(BACKEND_NAME, ...)` or `new_group`.
+
+Its name is its own: torch's test utilities register a backend named `threaded` (used by
+upstream's `spawn_threads_and_init_comms` and MultiThreadedTestCase), which must keep working
+beside this one, so this backend neither takes that name nor reports it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from harness.threads.world import (
     current_world,
 )
 
-BACKEND_NAME = "threaded"
+BACKEND_NAME = "harness_threaded"
 
 
 def _unsupported(name: str) -> Callable[..., Any]:
@@ -239,9 +244,9 @@ def _create(backend_opts: Any, pg_options: Any) -> ThreadedProcessGroup:
 
 
 def register() -> None:
-    """Register (again) the `threaded` backend with torch.distributed; idempotent.
+    """Register this backend with torch.distributed under its own name; idempotent.
 
-    Called before each threaded run so that another library registering the same name
-    (e.g. torch's own test utilities) cannot silently take over our runs.
+    Called before each threaded run, so that the backend exists whichever module created the
+    world; no other registration (torch's `threaded` included) is touched.
     """
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])

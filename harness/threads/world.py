@@ -1,4 +1,4 @@
-"""The rendezvous of rank threads: where every collective of the `threaded` backend meets.
+"""The rendezvous of rank threads: where every collective of the threaded backend meets.
 
 Why it exists: gloo cannot serve ranks that are threads of one process (it waits on
 its peers while holding the GIL, so two rank threads deadlock). Here every collective
@@ -6,11 +6,11 @@ is a rendezvous in process memory: each rank deposits its payload into a slot ke
 (group, call number); the last rank to arrive runs the collective's arithmetic for
 everyone, and waiters sleep on a `threading.Condition`, which releases the GIL.
 
-A `ThreadedWorld` is the shared state of one multi-threaded run. Rank threads bind to
-it (`bind_thread`) before calling `init_process_group("threaded", ...)`. The world
-releases waiters when a rank leaves (finishes the test, or parks at the end of a grid
-point) without joining a collective, or when the run is aborted, so a failing thread
-never deadlocks the others. It knows nothing of c10d or of what a collective computes:
+A `ThreadedWorld` is the shared state of one multi-threaded run. Rank threads bind to it
+(`bind_thread`) before calling `init_process_group` on the harness's threaded backend. The
+world releases waiters when a rank leaves (finishes the test, or parks at the end of a grid
+point) without joining a collective, or when the run is aborted, so a failing thread never
+deadlocks the others. It knows nothing of c10d or of what a collective computes:
 harness/threads/backend.py adapts it to a process group, and
 harness/threads/collective_math.py computes.
 """

@@ -1,0 +1,155 @@
+"""harness/'s import structure, read from its sources: no import cycle, no import back up a layer.
+
+Pure parsing (nothing is imported), so it holds for every module whether or not it imports
+cleanly here. Module-level imports make cycles (an import inside a function runs later, when
+every module is loaded); any import counts for the layer rules.
+"""
+
+from __future__ import annotations
+
+import ast
+import unittest
+from pathlib import Path
+from typing import Dict, Iterator, List, Set
+
+HARNESS = Path(__file__).resolve().parent.parent / "harness"
+
+# Cycles among harness modules that exist and are someone's to break, each named; a cycle not
+# listed here fails the test, and so does a listed one that no longer exists.
+KNOWN_CYCLES: List[Set[str]] = []
+
+# The foundation (single-process TestCase, parametrization, grids, skips, devices) sits below the
+# launch modes, the runner and the kit: it must not import them, at module level or inside code.
+FOUNDATION = {
+    "harness.testcase", "harness.comparison", "harness.parametrize", "harness.subtests",
+    "harness.skips", "harness.devices", "harness.device_type", "harness.dist_utils",
+}
+ABOVE_FOUNDATION = ("harness.launch", "harness.process", "harness.threads", "harness.runner",
+                    "harness.kit")
+
+
+def _modules() -> Dict[str, Path]:
+    found = {}
+    for path in HARNESS.rglob("*.py"):
+        parts = list(path.relative_to(HARNESS.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", "")
+    return name == "TYPE_CHECKING"
+
+
+def _imported(node: ast.AST) -> Iterator[str]:
+    """The harness modules one import statement loads (a submodule when it names one)."""
+    if isinstance(node, ast.Import):
+        yield from (alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+        for alias in node.names:
+            sub = f"{node.module}.{alias.name}"
+            yield sub if sub in MODULES else node.module
+
+
+def _module_level(body: List[ast.stmt]) -> Iterator[ast.AST]:
+    """The import statements that run when the module is imported (not TYPE_CHECKING ones)."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and not _is_type_checking(node):
+            yield from _module_level(node.body)
+            yield from _module_level(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody, *[h.body for h in node.handlers]):
+                yield from _module_level(block)
+
+
+def imports(module: str, *, module_level: bool) -> Set[str]:
+    """Harness modules `module` imports (the package facade `harness` itself left out)."""
+    tree = ast.parse(MODULES[module].read_text(), filename=str(MODULES[module]))
+    nodes = _module_level(tree.body) if module_level else ast.walk(tree)
+    names = {name for node in nodes for name in _imported(node)}
+    return {name for name in names if name in MODULES and name not in ("harness", module)}
+
+
+def cycles(graph: Dict[str, Set[str]]) -> List[Set[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    found: List[Set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for succ in sorted(graph[node]):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+class CyclesTest(unittest.TestCase):
+    def test_the_finder_sees_a_cycle(self) -> None:
+        graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+        self.assertEqual(cycles(graph), [{"a", "b", "c"}])
+        self.assertEqual(cycles({"a": {"b"}, "b": set()}), [])
+
+    def test_no_import_cycle_among_harness_modules(self) -> None:
+        graph = {m: imports(m, module_level=True) for m in MODULES if m != "harness"}
+        found = cycles(graph)
+        self.assertEqual(
+            sorted(map(sorted, found)), sorted(map(sorted, KNOWN_CYCLES)),
+            "harness modules import each other in a circle (module level)",
+        )
+
+
+class LayersTest(unittest.TestCase):
+    def test_foundation_imports_nothing_above_it(self) -> None:
+        upward = {
+            module: sorted(n for n in imports(module, module_level=False)
+                           if n.startswith(ABOVE_FOUNDATION))
+            for module in sorted(FOUNDATION)
+        }
+        self.assertEqual({m: n for m, n in upward.items() if n}, {})
+
+    def test_testcase_imports_neither_parametrization_nor_launch(self) -> None:
+        found = imports("harness.testcase", module_level=False)
+        self.assertNotIn("harness.parametrize", found)
+        self.assertEqual([n for n in found if n.startswith("harness.launch")], [])
+
+    def test_the_reader_sees_imports_inside_functions_and_skips_type_checking(self) -> None:
+        tree = ast.parse(
+            "import harness.a\nfrom typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    import harness.b\n"
+            "def f():\n    import harness.c\n"
+        )
+        level = [n for node in _module_level(tree.body) for n in _imported(node)]
+        self.assertEqual(level, ["harness.a", "typing"])
+        every = {n for node in ast.walk(tree) for n in _imported(node)}
+        self.assertEqual(every, {"harness.a", "harness.b", "harness.c", "typing"})
+
+
+if __name__ == "__main__":
+    unittest.main()
