@@ -26,7 +26,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
-import io
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
@@ -37,7 +36,7 @@ import signal
 import sys
 import time
 from multiprocessing import spawn
-from typing import Any, Callable, Dict, List, NoReturn, Optional
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional
 
 from harness import devices
 
@@ -141,12 +140,37 @@ def _import_test_code(load: Callable[[str], Any], name: str) -> None:
     """Import quietly: what the code prints at import the runner printed already, and what a
     script without its guard prints (unittest's `Ran 0 tests`) is noise before the error."""
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with _silenced():
             load(name)
     except SystemExit:
         os._exit(MISSING_GUARD_EXIT)
     except Exception:  # noqa: BLE001 - each rank imports it again and reports the error
         return
+
+
+@contextlib.contextmanager
+def _silenced() -> Iterator[None]:
+    """stdout and stderr into /dev/null at the descriptor level, so that a stream the code
+    keeps (a logging handler made at import) is still sys.stderr, writing where it should
+    in the ranks forked later."""
+    streams = [stream for stream in (sys.stdout, sys.stderr) if stream is not None]
+    for stream in streams:
+        stream.flush()
+    saved, null = [os.dup(1), os.dup(2)], os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        for stream in streams:
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed by the code: nothing buffered to drop
+                pass
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
 
 
 def check_not_bootstrapping() -> None:
