@@ -79,6 +79,7 @@ def preload(*modules: str) -> None:
 
 def context(test_module: str) -> Any:
     """The multiprocessing context ranks start from, with the forkserver running if used."""
+    check_not_bootstrapping()
     method = devices.start_method()
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
@@ -93,7 +94,12 @@ def warm_up(test_module: str) -> None:
     ranks (a runner does this before a test's own time starts); at once if it runs."""
     if devices.start_method() == "forkserver" and "forkserver" not in helper_pids():
         probe = context(test_module).Process(target=os.getpid, name="harness-forkserver-probe")
-        probe.start()
+        try:
+            probe.start()
+        except (EOFError, OSError):
+            if stopped_for_missing_guard():
+                exit_for_missing_guard(test_module)
+            raise
         probe.join()
         probe.close()
 
