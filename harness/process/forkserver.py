@@ -222,18 +222,22 @@ def stopped_for_missing_guard() -> bool:
 def exit_for_missing_guard(module: str) -> NoReturn:
     """End the run now with one line naming the missing guard of `module`'s file.
 
-    Not an exception: the test framework running this would report it per test and start the
-    next test, which would fail the same way. The exit handlers still run (temp dirs, helpers).
+    Not an exception a test reports: the test framework would start the next test, which
+    would fail the same way. Under pytest (which captures stderr) it is pytest's own
+    `pytest.exit`, which ends the session with the line and code 2; elsewhere the line goes
+    to stderr and the process exits once its exit handlers ran (temp dirs, helpers).
     """
     source = getattr(sys.modules.get(module), "__file__", None) or module
-    stop_helpers({})  # reaps the forkserver that stopped itself
-    sys.stdout.flush()
-    print(
+    message = (
         f"error: {source} starts ranks when it is imported, and the forkserver and every rank "
-        'import it again: put the code that runs its tests under `if __name__ == "__main__":`',
-        file=sys.stderr,
-        flush=True,
+        'import it again: put the code that runs its tests under `if __name__ == "__main__":`'
     )
+    stop_helpers({})  # reaps the forkserver that stopped itself
+    outcomes = sys.modules.get("_pytest.outcomes")
+    if outcomes is not None and os.environ.get("PYTEST_VERSION"):  # a pytest session runs
+        raise outcomes.Exit(message, returncode=MISSING_GUARD_EXIT_CODE)
+    sys.stdout.flush()
+    print(message, file=sys.stderr, flush=True)
     atexit._run_exitfuncs()
     os._exit(MISSING_GUARD_EXIT_CODE)
 
