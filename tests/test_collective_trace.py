@@ -154,7 +154,8 @@ class HangReportTest(unittest.TestCase):
             path = os.path.join(tmp, "hang_suite.py")
             with open(path, "w") as f:
                 f.write(HANG_SUITE)
-            env = dict(os.environ, PYTHONPATH=REPO)
+            # FSDPTest skips on a machine without accelerators unless the CPU is allowed.
+            env = dict(os.environ, PYTHONPATH=REPO, HARNESS_ALLOW_CPU="1")
             done = subprocess.run(
                 [sys.executable, path, "-v"], capture_output=True, text=True, timeout=240,
                 cwd=tmp, env=env,

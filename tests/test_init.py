@@ -1,10 +1,18 @@
-"""harness/__init__.py: every public name of the design contract is importable from `harness`."""
+"""harness/__init__.py: every public name of the design contract is importable from `harness`;
+`harness.__version__` is the package's one version."""
 
 import ast
+import importlib
+import re
+import subprocess
+import sys
 import unittest
 from pathlib import Path
 
+import pytest
+
 import harness
+from tests.fixtures import REPO, child_env
 
 CONTRACT_NAMES = [
     "TestCase", "MultiProcessTestCase", "MultiThreadedTestCase", "FSDPTest",
@@ -47,6 +55,64 @@ class PublicNamesTest(unittest.TestCase):
                     names = [node.module]
                 for name in names:
                     self.assertFalse(name.startswith("torch.testing._internal"), f"{path}: {name}")
+
+
+class VersionTest(unittest.TestCase):
+    def test_version_is_a_release_number(self):
+        self.assertRegex(harness.__version__, r"^\d+\.\d+\.\d+([.-]?\w+)?$")
+
+    @unittest.skipIf(sys.version_info < (3, 11), "reads pyproject.toml with tomllib (3.11+)")
+    def test_the_package_takes_its_version_from_here_alone(self):
+        import tomllib
+
+        root = Path(__file__).resolve().parent.parent
+        with open(root / "pyproject.toml", "rb") as f:
+            project = tomllib.load(f)
+        self.assertIn("version", project["project"]["dynamic"])
+        self.assertNotIn("version", project["project"])
+        self.assertEqual(project["tool"]["setuptools"]["dynamic"]["version"],
+                         {"attr": "harness.__version__"})
+        self.assertFalse((root / "setup.py").exists())  # no second place to set it
+        source = (root / "harness" / "__init__.py").read_text()
+        self.assertEqual(len(re.findall(r"^__version__ = ", source, re.M)), 1)
+
+
+class LazyNamesTest(unittest.TestCase):
+    """Names load on first use: a submodule, or one name, imports only what it needs."""
+
+    def test_a_submodule_of_the_same_name_does_not_replace_the_public_name(self):
+        module = importlib.import_module("harness.parametrize")
+        self.assertIs(harness.parametrize, module.parametrize)
+        from harness import parametrize
+
+        self.assertIs(parametrize, module.parametrize)
+
+    def test_unknown_name_is_an_attribute_error_naming_it(self):
+        with self.assertRaisesRegex(AttributeError, "has no attribute 'no_such_name'"):
+            harness.no_such_name  # noqa: B018
+        with self.assertRaises(ImportError):
+            from harness import no_such_name  # noqa: F401
+
+    def test_submodules_are_attributes_as_before(self):
+        self.assertIs(harness.devices, sys.modules["harness.devices"])
+
+    def test_dir_lists_every_public_name(self):
+        self.assertLessEqual(set(harness.__all__), set(dir(harness)))
+
+    @pytest.mark.slow
+    def test_the_outcome_model_and_the_package_load_without_torch(self):
+        code = (
+            "import sys\n"
+            "import harness, harness.launch.report, harness.launch.verdict\n"
+            "print('torch' in sys.modules)\n"
+            "from harness import TestCase\n"
+            "print('torch' in sys.modules, TestCase.__module__)\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=child_env(),
+                              capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stdout.split(), ["False", "True", "harness.testcase"])
+
 
 if __name__ == "__main__":
     unittest.main()

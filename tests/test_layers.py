@@ -21,8 +21,8 @@ KNOWN_CYCLES: List[Set[str]] = []
 # The foundation (single-process TestCase, parametrization, grids, skips, devices) sits below the
 # launch modes, the runner and the kit: it must not import them, at module level or inside code.
 FOUNDATION = {
-    "harness.testcase", "harness.parametrize", "harness.subtests", "harness.skips",
-    "harness.devices", "harness.device_type", "harness.dist_utils",
+    "harness.testcase", "harness.comparison", "harness.parametrize", "harness.subtests",
+    "harness.skips", "harness.devices", "harness.device_type", "harness.dist_utils",
 }
 ABOVE_FOUNDATION = ("harness.launch", "harness.process", "harness.threads", "harness.runner",
                     "harness.kit")

@@ -91,13 +91,14 @@ def xml_cases(folder: str) -> Dict[str, ET.Element]:
 
 @pytest.mark.slow
 class TestPassingRun(unittest.TestCase):
-    """`run_all.py <passing module> --save-xml DIR`: exit 0, table, closing line, XML."""
+    """`run_all.py <passing module> --save-xml DIR -v`: exit 0, table, closing line, XML, a
+    line per test."""
 
     @classmethod
     def setUpClass(cls) -> None:
         cls.tmp = tempfile.TemporaryDirectory()
         cls.xml_dir = os.path.join(cls.tmp.name, "reports")
-        cls.proc = run_all(PASS, "--save-xml", cls.xml_dir)
+        cls.proc = run_all(PASS, "--save-xml", cls.xml_dir, "-v")
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -124,6 +125,10 @@ class TestPassingRun(unittest.TestCase):
     def test_plain_progress_lines_when_not_a_terminal(self) -> None:
         self.assertIn("running 4 test(s) from 1 suite(s)", self.proc.stderr)
         self.assertNotIn("\r", self.proc.stderr)
+
+    def test_verbose_prints_a_line_per_test(self) -> None:
+        self.assertRegex(self.proc.stderr, rf"\[2/4\] ok +{PASS}\.TestPasses\.test_one \(\d")
+        self.assertRegex(self.proc.stderr, rf"\[4/4\] skip +{PASS}\.TestSkips\.test_skipped")
 
 
 @pytest.mark.slow
@@ -232,11 +237,6 @@ class TestRunControl(unittest.TestCase):
         proc = run_all(FAIL, "-x")
         self.assertEqual(proc.returncode, 1)
         self.assertEqual(last_line(proc.stdout), "0 passed, 1 failed, 0 skipped")
-
-    def test_verbose_prints_a_line_per_test(self) -> None:
-        proc = run_all(PASS, "-v")
-        self.assertRegex(proc.stderr, rf"\[2/4\] ok +{PASS}\.TestPasses\.test_one \(\d")
-        self.assertRegex(proc.stderr, rf"\[4/4\] skip +{PASS}\.TestSkips\.test_skipped")
 
     def test_quiet_prints_failures_and_closing_line_only(self) -> None:
         proc = run_all(FAIL, "-q")

@@ -26,7 +26,8 @@ from harness import (
     skips,
 )
 from harness.devices import HarnessConfigError
-from harness.skips import SKIP_BY_EXIT_CODE, check_requirements
+from harness.skip_codes import SKIP_BY_EXIT_CODE
+from harness.skips import check_requirements
 
 
 def gpus(count):

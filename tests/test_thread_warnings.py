@@ -1,9 +1,14 @@
-"""harness.threads.warning_filters: each rank thread captures and filters its own warnings."""
+"""harness.threads.warning_filters: each rank thread captures and filters its own warnings; a
+warning a rank thread shows goes into that rank's output (shown with a failure), not onto the
+runner's stderr, as a process rank's."""
 
+import os
 import threading
 import unittest
 import warnings
+from unittest import mock
 
+from harness import MultiThreadedTestCase
 from harness.threads.warning_filters import per_thread_warnings
 
 
@@ -90,6 +95,59 @@ class PerThreadWarningsTest(unittest.TestCase):
                  warnings.simplefilter, warnings.filterwarnings)
         self.assertEqual(after, before)
 
+
+def _warning_ranks() -> type:
+    """Thread-rank tests that warn as torch does (made here so that no loader collects them)."""
+
+    class Warns(MultiThreadedTestCase):
+        @property
+        def world_size(self) -> int:
+            return 2
+
+        def setUp(self) -> None:
+            super().setUp()
+            self._spawn_threads()
+
+        def test_passes(self) -> None:
+            warnings.warn("FSDP is switching to use NO_SHARD", UserWarning, stacklevel=1)
+
+        def test_fails_on_rank_1(self) -> None:
+            warnings.warn("FSDP is switching to use NO_SHARD", UserWarning, stacklevel=1)
+            self.assertNotEqual(self.rank, 1, "planned")
+
+    return Warns
+
+
+class RankThreadWarningsTest(unittest.TestCase):
+    def run_case(self, name: str, show_output: str = "") -> "tuple[unittest.TestResult, list]":
+        """Run the test; also what reached warnings.showwarning (the runner's stderr)."""
+        result, shown = unittest.TestResult(), []
+
+        def showwarning(message, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+            shown.append(str(message))
+
+        with mock.patch.dict(os.environ, {"HARNESS_SHOW_OUTPUT": show_output}), \
+                mock.patch.object(warnings, "showwarning", showwarning):
+            _warning_ranks()(name).run(result)
+        return result, shown
+
+    def test_a_passing_tests_warnings_are_not_shown(self) -> None:
+        result, shown = self.run_case("test_passes")
+        self.assertTrue(result.wasSuccessful())
+        self.assertEqual(shown, [])
+
+    def test_a_failures_report_has_each_ranks_warning(self) -> None:
+        result, shown = self.run_case("test_fails_on_rank_1")
+        self.assertEqual(shown, [])
+        [(_, report)] = result.failures
+        for rank in (0, 1):
+            self.assertIn(f"[rank {rank}] ", report)
+        self.assertIn("UserWarning: FSDP is switching to use NO_SHARD", report)
+
+    def test_shown_live_with_show_output(self) -> None:
+        result, shown = self.run_case("test_passes", show_output="1")
+        self.assertTrue(result.wasSuccessful())
+        self.assertEqual(shown, ["FSDP is switching to use NO_SHARD"] * 2)
 
 if __name__ == "__main__":
     unittest.main()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from harness.launch.collective_trace import CollectiveCall
-from harness.skips import SKIP_BY_EXIT_CODE
+from harness.skip_codes import SKIP_BY_EXIT_CODE
 
 ExcInfo = Tuple[Any, Any, Any]
 

@@ -12,6 +12,11 @@ import types
 import unittest
 from typing import Any, Callable
 
+# unittest and pytest hide frames of modules that define these: a failure points at the
+# test's line, not at the routing.
+__unittest = True
+__tracebackhide__ = True
+
 
 def route_test_method(case: unittest.TestCase, join: Callable[[], Any]) -> None:
     """Make the case's test method `join` the ranks in the supervising instance (no

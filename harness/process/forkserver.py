@@ -60,9 +60,11 @@ FORKSERVER_EXIT_WAIT_S = 1.0  # after its socket closed, how long the forkserver
 # What every rank would otherwise import itself, once per test: torch.distributed.tensor because
 # torch.testing.assert_close (so every tensor assertEqual) imports it on first use, which costs a
 # rank over a second; numpy because TestCase.setUp seeds it. Missing modules are skipped.
+# harness.process.assert_rewrite comes before any test module: under pytest, it rewrites their
+# asserts as pytest does.
 _preload: List[str] = [
     "torch", "torch.distributed", "torch.distributed.tensor", "numpy", "harness.testcase",
-    "harness.process.rank",
+    "harness.process.rank", "harness.process.assert_rewrite",
 ]
 _test_modules: List[str] = []  # the test code, imported last (by harness.process.forkserver_main)
 
@@ -85,6 +87,16 @@ def context(test_module: str) -> Any:
         ctx.set_forkserver_preload([*_preload, "harness.process.forkserver_main"])
         _ensure_running()
     return ctx
+
+
+def warm_up(test_module: str) -> None:
+    """Start the forkserver for `test_module` and wait until it has preloaded and can fork
+    ranks (a runner does this before a test's own time starts); at once if it runs."""
+    if devices.start_method() == "forkserver" and "forkserver" not in helper_pids():
+        probe = context(test_module).Process(target=os.getpid, name="harness-forkserver-probe")
+        probe.start()
+        probe.join()
+        probe.close()
 
 
 def _main_script() -> Optional[str]:

@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Dict, List, Set
 
 from harness import devices
-from harness.launch import collective_trace
+from harness.launch import collective_trace, stacks
 from harness.launch.report import RankRecord
 from harness.process import forkserver
 from harness.process.rank import (
@@ -40,15 +40,10 @@ from harness.process.rank import (
 from harness.process.rank import main as rank_main
 from harness.process.rank import serve as rank_serve
 
-SHOW_OUTPUT_ENV = "HARNESS_SHOW_OUTPUT"
 FAIL_FAST_GRACE_S = 3.0  # once a rank failed, how long the others may still report
 STACK_DUMP_WAIT_S = 1.0  # how long a rank gets to write its stack before it is killed
 COLLECTIVES_DUMP_WAIT_S = 1.0  # ... and the collectives it entered
 STREAM_INTERVAL_S = 0.1
-
-
-def _show_output() -> bool:
-    return os.environ.get(SHOW_OUTPUT_ENV, "").lower() in ("1", "true", "yes")
 
 
 class RankGroup:
@@ -188,7 +183,8 @@ class RankGroup:
         """Collect reports until every rank exited; True if the timeout stopped them."""
         started = time.monotonic()
         deadline, stop_at = started + timeout, float("inf")
-        stream = _show_output()
+        stream = devices.show_output()
+        debugging = devices.debug_rank() is not None  # the others wait for the rank debugged
         while self._running() or any(rank not in self._alive for rank in self._readers):
             now = time.monotonic()
             if now >= min(deadline, stop_at):
@@ -199,7 +195,7 @@ class RankGroup:
             self._wait_once(wait_s)
             if stream:
                 self._stream()
-            if stop_at == float("inf") and self._any_rank_ended_test():
+            if stop_at == float("inf") and self._any_rank_ended_test() and not debugging:
                 stop_at = time.monotonic() + FAIL_FAST_GRACE_S
         still_running = self._running()
         self._stop(still_running)
@@ -331,11 +327,18 @@ class RankGroup:
             return b""
 
     def _collect_output(self) -> None:
+        """Each rank's output and stack: the dump it wrote when stopped, or the one
+        faulthandler wrote when it crashed (taken out of its output), in the report's format."""
         for record in self.records:
             data = self._read(record.rank)
             cut = self._stack_from.get(record.rank, len(data))
             record.output = data[:cut].decode(errors="replace")
-            record.stack = without_lifeline(data[cut:].decode(errors="replace"))
+            dump = without_lifeline(data[cut:].decode(errors="replace"))
+            record.stack = stacks.from_faulthandler(dump) if dump.strip() else ""
+            if record.exitcode is not None and record.exitcode < 0 and not record.stopped:
+                record.output, dump = stacks.split_fatal_error(record.output)
+                if dump:
+                    record.stack = stacks.from_faulthandler(dump, crashed=True)
 
     def _stream(self) -> None:
         """Print new complete lines of every rank's output, prefixed by its rank."""

@@ -72,10 +72,12 @@ class Engine:
         verbosity = options.verbosity if self.reporting else 0
         self.progress = Progress(total, options.progress_stream, verbosity, progress_interval())
         self.collector = Collector(self._started, self._recorded)
-        self.junit: Any = None
+        self.junit: Any = None  # the closing XML, in the plan's order
+        self.junit_now: Any = None  # each finished test's class file, rewritten as it arrives
         if options.xml_dir is not None and self.reporting:
             self.junit = junit_result_class()(io.StringIO(), verbosity=0)
-            self.junit.write_each_test_to(options.xml_dir)
+            self.junit_now = junit_result_class()(io.StringIO(), verbosity=0)
+            self.junit_now.write_each_test_to(options.xml_dir)
 
     def _started(self, test: unittest.TestCase) -> None:
         self.progress.start(test.id())
@@ -109,6 +111,7 @@ class Engine:
         if self.junit is not None:
             stand_in = test if isinstance(test, unittest.TestCase) else stand_in_for(record)
             self.xml_records.append((place, stand_in, record))
+            self.junit_now.add_record(stand_in, record)  # on disk, should the run be killed
 
     def _preload_suites(self) -> None:
         """Have the forkserver import every suite of the plan when it starts, so each rank

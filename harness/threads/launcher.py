@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from harness import devices
 from harness.compat import c10d_world
+from harness.launch import stacks
 from harness.launch.context import GridSync, RankContext
 from harness.launch.launcher import Launcher
 from harness.launch.report import Event, RankRecord, RecordSink, ReportingResult, format_error
@@ -60,7 +61,7 @@ class ThreadRanks(Launcher):
         # Process-wide state the ranks change, restored however the test ends.
         state = self._state
         state.enter_context(c10d_world.thread_local_c10d_world())
-        state.enter_context(per_thread_warnings())
+        state.enter_context(per_thread_warnings(self._rank_warning))
         state.callback(self._stop_if_running)  # LIFO: before the world is restored
         state.callback(setattr, sys, "excepthook", sys.excepthook)
         state.callback(torch.set_num_threads, torch.get_num_threads())
@@ -71,6 +72,17 @@ class ThreadRanks(Launcher):
             )
             self.threads.append(thread)
             thread.start()
+
+    def _rank_warning(self, text: str) -> bool:
+        """A warning a rank thread shows (torch's, say) goes into that rank's output, shown
+        with a failure as a process rank's is, not onto the runner's stderr; live with
+        HARNESS_SHOW_OUTPUT=1. False for other threads: their warnings are shown as usual."""
+        current = threading.current_thread()
+        rank = next((r for r, thread in enumerate(self.threads) if thread is current), None)
+        if rank is None or devices.show_output():
+            return False
+        self.records[rank].output += text
+        return True
 
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         world = self.world
@@ -93,7 +105,7 @@ class ThreadRanks(Launcher):
             while thread.is_alive():
                 limit = deadline
                 failed_at = min(r.problem_at for r in self.records)
-                if failed_at != float("inf"):
+                if failed_at != float("inf") and devices.debug_rank() is None:
                     limit = min(deadline, failed_at + FAIL_FAST_GRACE_S)
                 now = time.monotonic()
                 if now >= limit:
@@ -103,7 +115,10 @@ class ThreadRanks(Launcher):
         return False
 
     def _stop_if_running(self) -> None:
-        if any(thread.is_alive() for thread in self.threads):
+        """Stop the ranks if nothing did yet (a rank already told to stop is not waited for
+        twice: a runner's deadline counts on one grace period)."""
+        stopped = any(record.stopped for record in self.records)
+        if not stopped and any(thread.is_alive() for thread in self.threads):
             self._stop()
 
     def _stop(self) -> None:
@@ -115,7 +130,7 @@ class ThreadRanks(Launcher):
             record = self.records[rank]
             record.stopped = True
             frame = frames.get(thread.ident) if thread.ident is not None else None
-            record.stack = "".join(traceback.format_stack(frame)) if frame else ""
+            record.stack = stacks.format_stack(_frames(frame)) if frame else ""
         self.world.abort("the test was stopped (timed out, or another rank failed)")
         for _, thread in running:
             _raise_in_thread(thread, RankThreadStopped)
@@ -185,6 +200,13 @@ def _destroy_group_of(world: thread_world.ThreadedWorld) -> None:
     group = dist.group.WORLD
     if isinstance(group, threaded_pg.ThreadedProcessGroup) and group.world is world:
         dist.destroy_process_group()
+
+
+def _frames(frame: Any) -> List[stacks.Frame]:
+    """A live thread's frames, oldest first."""
+    return [
+        stacks.Frame(f.filename, f.lineno or 0, f.name) for f in traceback.extract_stack(frame)
+    ]
 
 
 def _raise_in_thread(thread: threading.Thread, exc_type: type) -> None:

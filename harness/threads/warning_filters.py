@@ -15,7 +15,7 @@ import contextlib
 import re
 import threading
 import warnings
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 Filter = Tuple[str, Optional["re.Pattern[str]"], type]
 
@@ -59,8 +59,9 @@ class _RestoredMarker(Warning):
 
 
 @contextlib.contextmanager
-def per_thread_warnings() -> Iterator[None]:
-    """Give each thread its own warning blocks and filters until the context ends."""
+def per_thread_warnings(divert: Optional[Callable[[str], bool]] = None) -> Iterator[None]:
+    """Give each thread its own warning blocks and filters until the context ends. A warning
+    no block records is offered, formatted, to `divert` (True: it took it), else shown."""
     saved = (warnings.filters[:], warnings.showwarning, warnings.catch_warnings,
              warnings.simplefilter, warnings.filterwarnings)
     _, show_original, _, simplefilter_original, filterwarnings_original = saved
@@ -91,7 +92,9 @@ def per_thread_warnings() -> Iterator[None]:
         log = next((b.log for b in reversed(_open_blocks()) if b.log is not None), None)
         if log is not None:
             log.append(warnings.WarningMessage(message, category, filename, lineno, file, line))
-        else:
+        elif divert is None or not divert(
+            warnings.formatwarning(message, category, filename, lineno, line)
+        ):
             show_original(message, category, filename, lineno, file, line)
 
     simplefilter_original("always")
