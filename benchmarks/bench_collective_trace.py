@@ -26,13 +26,14 @@ import torch.distributed as dist
 if __name__ == "__main__":  # rank processes import this module too: keep them quiet
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness import FSDPTest, FSDPTestMultiThread  # noqa: E402
+from harness import FSDPTest, FSDPTestMultiThread, skip_if_lt_x_gpu  # noqa: E402
 from harness.compat.flight_recorder import BUFFER_SIZE_ENV  # noqa: E402
 from harness.threads import world as thread_world
 
 COLLECTIVES_ENV = "BENCH_COLLECTIVES"
 
 
+@skip_if_lt_x_gpu(2, allow_cpu=True)  # FSDP's bases skip on CPU unless it is allowed
 class _Body:
     @property
     def world_size(self) -> int:

@@ -79,7 +79,7 @@ def run(args: List[str]) -> Tuple[float, float, str]:
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     lines = done.stdout.strip().splitlines()
     closing = lines[-1] if lines else f"(no output; exit {done.returncode})"
-    if done.returncode not in (0, 1):
+    if done.returncode not in (0, 1) or not lines:
         raise SystemExit(f"run_all.py {' '.join(args)} exited {done.returncode}: "
                          f"{closing}\n{done.stderr[-2000:]}")
     return wall, cpu, closing

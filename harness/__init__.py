@@ -45,6 +45,9 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
     "harness.kit.two_tensor": (
         "TwoTensor",
     ),
+    "harness.kit.logging_case": (
+        "LoggingTestCase",
+    ),
     "harness.kit.checkpoint": (
         "Rot13Example", "get_test_extension_registry", "with_checkpoint_logging",
     ),

@@ -22,6 +22,7 @@ WORLD_SIZE_ENV = "HARNESS_WORLD_SIZE"
 TIMEOUT_ENV = "HARNESS_TIMEOUT"
 START_METHOD_ENV = "HARNESS_START_METHOD"
 ALLOW_CPU_ENV = "HARNESS_ALLOW_CPU"
+DEBUG_RANK_ENV = "HARNESS_DEBUG_RANK"
 SHOW_OUTPUT_ENV = "HARNESS_SHOW_OUTPUT"
 LAUNCHED_ENV = "HARNESS_LAUNCHED"
 UPSTREAM_TIMEOUT_ENV = "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"
@@ -30,6 +31,7 @@ CORE_BUDGET_ENV = "HARNESS_CORE_BUDGET"  # set by -j: the cores one running test
 DEVICE_CHOICES = ("cpu", "cuda")
 START_METHODS = ("forkserver", "spawn")
 DEFAULT_TIMEOUT_S = 300.0
+DEBUG_TIMEOUT_S = 7 * 24 * 3600.0  # `--debug-rank`: the timeout waits for the person debugging
 DEFAULT_CPU_WORLD_SIZE = 2
 DEFAULT_WORLD_SIZE = 4  # upstream's for the bases that do not follow the device count
 # torchrun's own variables (its agent sets them for every worker): RANK/WORLD_SIZE/MASTER_ADDR
@@ -169,15 +171,23 @@ def default_timeout() -> float:
 def test_timeout(case: Any) -> float:
     """THE wall-clock limit of a multi-rank test, in seconds: TIMEOUT_OVERRIDE[its method name]
     (upstream's), else its class's `timeout` when that is a number of seconds, else
-    `default_timeout()`. A `timedelta` timeout (upstream's shared-process classes) is the
-    process group's timeout, not the test's limit."""
+    `default_timeout()`; at most the case's `timeout_cap`; a week under `--debug-rank`. A
+    `timedelta` timeout (upstream's shared-process classes) is the process group's timeout,
+    not the test's limit."""
+    if debug_rank() is not None:  # `--debug-rank`: a person steps through a rank; wait for them
+        return DEBUG_TIMEOUT_S
     override = TIMEOUT_OVERRIDE.get(case._testMethodName)
-    if override is not None:
-        return float(override)
     declared = getattr(case, "timeout", None)
-    if isinstance(declared, (int, float)) and not isinstance(declared, bool):
-        return float(declared)
-    return default_timeout()
+    if override is not None:
+        timeout = float(override)
+    elif isinstance(declared, (int, float)) and not isinstance(declared, bool):
+        timeout = float(declared)
+    else:
+        timeout = default_timeout()
+    # A runner that must see the harness's report before its own limit (pytest-timeout's)
+    # caps it (harness/launch/case.py, RankedTestCase.deadline).
+    cap = getattr(case, "timeout_cap", None)
+    return timeout if cap is None else min(timeout, cap)
 
 
 class DefaultTimeout:
@@ -218,6 +228,12 @@ def checked_rank_settings(case: Any, world_size: Any) -> Tuple[int, float]:
             f"got {override!r}"
         )
     return world_size, test_timeout(case)
+
+
+def debug_rank() -> Optional[int]:
+    """The rank given the terminal for a debugger (`--debug-rank N`), else None."""
+    rank = _env_number(DEBUG_RANK_ENV, int, 0)
+    return None if rank is None else int(rank)
 
 
 def show_output() -> bool:

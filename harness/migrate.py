@@ -4,9 +4,16 @@ Users bring test files written against PyTorch's private testing modules; the fi
 they hit is changing every import by hand. This command rewrites each
 `from torch.testing._internal.<module> import a, b` whose names `harness.__all__` provides
 (under the same name) into `from harness import ...`, and leaves everything else as it is.
-The modules are those the harness stands in for (common_utils, common_device_type,
+The modules are those the harness stands in for (MIRRORED: common_utils, common_device_type,
 common_distributed, common_fsdp, common_cuda, distributed._tensor.common_dtensor,
-distributed.checkpoint_utils); a name imported from any other private module stays.
+distributed.checkpoint_utils, inductor_utils, triton_utils) and those mirrored by a harness
+module of their own (HOMES: distributed.fake_pg, the sharded-tensor kit, ...); a name of a
+HOMES module that `harness` exports as something else (the sharded-tensor `with_comms`) moves
+to `from <that harness module> import ...`. A name imported from any other private module
+stays. `import torch.testing._internal.<module> as alias` becomes `import harness as alias`
+(or its own harness module) when every attribute the file reads from the alias is provided.
+Imports of upstream's own test suites (SUITES: RPC fixtures, DistributedTest, op_db, ...)
+stay, reported with SUITE_REASON, and do not count as private imports left.
 
 How the rewrite works (why it can be trusted on real files):
 - The source text is edited in place: `ast` only finds the import statements and their
@@ -84,6 +91,7 @@ HOMES = {f"{PRIVATE}.{module}": home for module, home in (
     ("distributed.distributed_utils", "harness.kit.mock_pg"),
     ("common_dist_composable", "harness.kit.composable_models"),
     ("two_tensor", "harness.kit.two_tensor"),
+    ("logging_utils", "harness.kit.logging_case"),
 )}
 # Upstream's own test suites, which some files import to re-run them: not harness API. Such
 # imports stay private, are reported with SUITE_REASON, and do not fail the command.

@@ -33,6 +33,11 @@ from harness.compat import torch_function as compat_torch_function
 from harness.skips import check_case_requirements
 from harness.subtests import run_subtests
 
+# unittest and pytest hide frames of modules that define these (as unittest hides its own):
+# a failure points at the test's line, not at assertEqual or the harness's method routing.
+__unittest = True
+__tracebackhide__ = True
+
 SEED_ENV = "HARNESS_SEED"
 DEFAULT_SEED = 1234
 

@@ -107,7 +107,7 @@ HANG_SUITE = textwrap.dedent('''
     import torch
     import torch.distributed as dist
 
-    from harness import FSDPTest, FSDPTestMultiThread, run_tests
+    from harness import FSDPTest, FSDPTestMultiThread, run_tests, skip_if_lt_x_gpu
 
 
     class Mismatch:
@@ -131,6 +131,7 @@ HANG_SUITE = textwrap.dedent('''
                 time.sleep(60)
 
 
+    @skip_if_lt_x_gpu(2, allow_cpu=True)  # FSDPTest skips on CPU unless it is allowed
     class TestProcesses(Mismatch, FSDPTest):
         pass
 

@@ -264,8 +264,10 @@ class MissingMainGuard(unittest.TestCase):
     importing it and in every rank (without end: each forkserver starts the next); the run ends
     at once instead, with one line naming the missing guard, exit code 2, nothing left."""
 
-    def run_unguarded(self, args: List[str], source: str, extra_env: Dict[str, str]) -> str:
-        """Run `source` (written as test_noguard.py) with `args`; return its stderr."""
+    def run_unguarded(self, args: List[str], source: str, extra_env: Dict[str, str],
+                      under_pytest: bool = False) -> str:
+        """Run `source` (written as test_noguard.py) with `args`; return its stderr (pytest:
+        its stdout, where pytest reports the end of its session)."""
         tmp, folder = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())
         self.addCleanup(lambda: os.rmdir(tmp))  # empty: nothing the run wrote is left
         self.addCleanup(lambda: subprocess.run(["rm", "-rf", str(folder)], check=True))
@@ -284,8 +286,10 @@ class MissingMainGuard(unittest.TestCase):
         out, err = proc.communicate(timeout=WAIT_S)
         time.sleep(0.5)  # what the run started has exited with it
         self.assertEqual(session_processes(proc.pid), [], "processes left running")
-        self.assertEqual(proc.returncode, 2, err)
+        self.assertEqual(proc.returncode, 2, out + err)
         self.assertLessEqual(most, MAX_PROCESSES)
+        if under_pytest:
+            out, err = "", "".join(line for line in out.splitlines() if GUARD_MESSAGE in line)
         self.assertEqual(out, "")
         self.assertEqual(len(err.splitlines()), 1, err)
         self.assertIn(GUARD_MESSAGE, err)
@@ -311,6 +315,14 @@ class MissingMainGuard(unittest.TestCase):
             "unittest.main(module=__name__, argv=[sys.argv[0], 'TestNoGuard'], exit=False)\n"
         )
         self.run_unguarded(["-m", "unittest", "test_noguard"], source, {})
+
+    def test_module_collected_by_pytest_that_runs_its_tests(self) -> None:
+        """pytest captures stderr: the line ends the session through pytest.exit."""
+        source = UNGUARDED_CLASS + (
+            "unittest.main(module=__name__, argv=[sys.argv[0], 'TestNoGuard'], exit=False)\n"
+        )
+        self.run_unguarded(["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_noguard.py"],
+                           source, {}, under_pytest=True)
 
 
 if __name__ == "__main__":

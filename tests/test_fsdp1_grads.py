@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.kit.fsdp import FSDPTest
 from harness.kit.fsdp1_grads import assert_fsdp1_grads_equal, fsdp1_full_grads, named_grads
+from harness.skips import skip_if_lt_x_gpu
 from harness.testcase import TestCase
 
 
@@ -25,6 +26,7 @@ class TestFullGradsSingleProcess(TestCase):
 
 
 @pytest.mark.slow
+@skip_if_lt_x_gpu(2, allow_cpu=True)  # FSDPTest skips on CPU unless it is allowed
 class TestFullGrads(FSDPTest):
     @property
     def world_size(self) -> int:

@@ -42,6 +42,7 @@ from harness.kit.fsdp_helpers import (
     reduce_scatter_with_assert,
     subtest_name,
 )
+from harness.skips import skip_if_lt_x_gpu
 from harness.testcase import TestCase
 
 # Each patch helper, what it patches (owner, attribute) in this torch.
@@ -202,6 +203,7 @@ class TestHelpersSingleProcess(TestCase):
 
 
 @pytest.mark.slow
+@skip_if_lt_x_gpu(2, allow_cpu=True)  # FSDPTest skips on CPU unless it is allowed
 class TestHelpersMultiProcess(FSDPTest):
     @property
     def world_size(self) -> int:

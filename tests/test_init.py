@@ -1,7 +1,9 @@
-"""harness/__init__.py: every public name of the design contract is importable from `harness`."""
+"""harness/__init__.py: every public name of the design contract is importable from `harness`;
+`harness.__version__` is the package's one version."""
 
 import ast
 import importlib
+import re
 import subprocess
 import sys
 import unittest
@@ -53,6 +55,27 @@ class PublicNamesTest(unittest.TestCase):
                     names = [node.module]
                 for name in names:
                     self.assertFalse(name.startswith("torch.testing._internal"), f"{path}: {name}")
+
+
+class VersionTest(unittest.TestCase):
+    def test_version_is_a_release_number(self):
+        self.assertRegex(harness.__version__, r"^\d+\.\d+\.\d+([.-]?\w+)?$")
+
+    @unittest.skipIf(sys.version_info < (3, 11), "reads pyproject.toml with tomllib (3.11+)")
+    def test_the_package_takes_its_version_from_here_alone(self):
+        import tomllib
+
+        root = Path(__file__).resolve().parent.parent
+        with open(root / "pyproject.toml", "rb") as f:
+            project = tomllib.load(f)
+        self.assertIn("version", project["project"]["dynamic"])
+        self.assertNotIn("version", project["project"])
+        self.assertEqual(project["tool"]["setuptools"]["dynamic"]["version"],
+                         {"attr": "harness.__version__"})
+        # setup.py, kept for tools that call it, sets nothing: no second place for the version
+        self.assertEqual(re.findall(r"setup\((.*)\)", (root / "setup.py").read_text()), [""])
+        source = (root / "harness" / "__init__.py").read_text()
+        self.assertEqual(len(re.findall(r"^__version__ = ", source, re.M)), 1)
 
 
 class LazyNamesTest(unittest.TestCase):

@@ -1,5 +1,5 @@
-"""harness.runner.loader: -k matching, selection errors, shards and repeats, and suites that skip
-or fail at import."""
+"""harness.runner.loader: -k matching, selection errors, shards and repeats, suites that skip
+or fail at import, and the test files a folder holds."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from harness.runner.loader import (
     load_module,
     name_matcher,
     repeat,
+    resolve_modules,
     select,
     shard,
 )
@@ -78,6 +79,24 @@ class TestSelectionFunctions(unittest.TestCase):
         tests = repeat(plan, 3)[0][1]
         self.assertEqual(len(tests), 3)
         self.assertEqual(len({id(t) for t in tests}), 3)
+
+
+class TestFolders(unittest.TestCase):
+    def test_a_folder_is_searched_recursively_but_not_hidden_or_build_folders(self) -> None:
+        with tempfile.TemporaryDirectory() as root:
+            files = ["test_top.py", "unit/test_a.py", "unit/deep/test_b.py", "unit/helper.py",
+                     ".venv/test_no.py", "build/test_no.py", "venv/lib/test_no.py"]
+            for name in files:
+                (Path(root) / name).parent.mkdir(parents=True, exist_ok=True)
+                (Path(root) / name).write_text("")
+            saved = sys.path[:]
+            self.addCleanup(sys.path.__setitem__, slice(None), saved)
+            self.assertEqual(resolve_modules([root]), ["test_top", "test_b", "test_a"])
+            self.assertIn(str(Path(root, "unit", "deep").resolve()), sys.path)
+
+    def test_an_unknown_name_is_a_usage_error(self) -> None:
+        with self.assertRaisesRegex(UsageError, "unknown test module 'no/such/dir'"):
+            resolve_modules(["no/such/dir"])
 
 
 class TestSuitesThatStopAtImport(unittest.TestCase):

@@ -1,5 +1,6 @@
 """The smaller upstream kits the harness mirrors (kit.state_dict, kit.dynamo_dist,
-kit.ddp_helpers, kit.composable_models, kit.checkpoint): the bases, the mixin and the
+kit.ddp_helpers, kit.composable_models, kit.checkpoint, kit.two_tensor, kit.logging_case,
+grad_checks): the bases, the mixin and the
 context manager behave as upstream's on the same file; models and helpers give upstream's
 values."""
 
@@ -18,6 +19,7 @@ from tests.differential import both
 
 KITS = '''
 import io
+import logging
 
 import torch
 import torch.distributed as dist
@@ -32,7 +34,11 @@ from torch.testing._internal.common_distributed import (
     simple_sparse_reduce_tests,
     skip_if_lt_x_gpu,
 )
-from torch.testing._internal.common_utils import TestCase
+from torch.testing._internal.common_utils import (
+    _assertGradAndGradgradChecks,
+    gradcheck,
+    TestCase,
+)
 from torch.testing._internal.distributed.checkpoint_utils import (
     get_test_extension_registry,
     Rot13Example,
@@ -41,6 +47,7 @@ from torch.testing._internal.distributed.common_state_dict import (
     FusionEmbeddingWithHook,
     VerifyStateDictMixin,
 )
+from torch.testing._internal.logging_utils import LoggingTestCase
 from torch.testing._internal.two_tensor import TwoTensor
 
 
@@ -143,6 +150,43 @@ class Helpers(TestCase):
         self.assertEqual(model(torch.rand(2, 100)).shape, torch.Size([2, 100]))
 
 
+class Logs(LoggingTestCase):
+    def test_records_of_a_compile(self):
+        records = []
+        torch._logging.set_logs(dynamo=logging.INFO)
+        with self._handler_watcher(records):
+            torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))
+        self.assertTrue(self.hasRecord(records, "torchdynamo start tracing"))
+        self.assertFalse(self.hasRecord(records, "no such message"))
+        self.assertIn("start tracing", self.getRecord(records, "torchdynamo start").getMessage())
+
+    def test_missing_record_fails(self):
+        records = []
+        with self._handler_watcher(records):
+            pass
+        self.getRecord(records, "anything")
+
+
+class GradChecks(TestCase):
+    def test_first_and_second_derivatives(self):
+        x = torch.rand(3, dtype=torch.float64, requires_grad=True)
+        self.assertTrue(gradcheck(torch.sin, (x,)))
+        _assertGradAndGradgradChecks(self, lambda t: t * t.cos(), (x,))
+
+    def test_wrong_derivative_fails(self):
+        class Wrong(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                return t * 2
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad * 3
+
+        x = torch.rand(3, dtype=torch.float64, requires_grad=True)
+        gradcheck(Wrong.apply, (x,), check_batched_grad=False)
+
+
 class TwoTensorCheck(TestCase):
     def test_ops_run_on_both(self):
         x = TwoTensor(torch.ones(2, 3), torch.zeros(2, 3))
@@ -187,7 +231,9 @@ class DifferentialTest(unittest.TestCase):
         self.assertEqual({k: v[0] for k, v in ours.items()}, {k: v[0] for k, v in theirs.items()})
         self.assertEqual(theirs["StateDictCheck.test_changed_value_fails"][0], "fail")
         passing = [k for k in theirs if k.startswith(("Helpers.", "TwoTensorCheck."))]
-        self.assertEqual(len(passing), 9)
+        passing += ["Logs.test_records_of_a_compile",
+                    "GradChecks.test_first_and_second_derivatives"]
+        self.assertEqual(len(passing), 11)
         self.assertEqual({ours[k][0] for k in passing}, {"pass"}, ours)
 
 

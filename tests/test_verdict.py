@@ -9,9 +9,11 @@ from __future__ import annotations
 import unittest
 from typing import Any, Dict, List, Tuple
 
+from harness.launch.collective_trace import CollectiveCall
 from harness.launch.report import Event, RankRecord, signal_name
 from harness.launch.verdict import (
     OUTPUT_TAIL_LINES,
+    RankReport,
     SubtestVerdict,
     Verdict,
     apply_verdict,
@@ -45,13 +47,15 @@ class Decide(unittest.TestCase):
         verdict = decide(records, None)
         self.assertEqual(verdict.kind, "fail")
         head, body = verdict.message.split("\n\n", 1)
-        self.assertEqual(head, "rank 1 raised")
+        self.assertEqual(head, "rank 1 raised: AssertionError: boom")
         self.assertEqual(body, "rank 1 raised:\n" + TRACEBACK.rstrip())
         self.assertNotIn("rank 0", verdict.message)
 
     def test_expected_failure_event_counts_as_raised(self) -> None:
         records = [done(0, Event(kind="expected_failure", text="Traceback\nValueError: x"))]
-        self.assertEqual(decide(records, None).message.splitlines()[0], "rank 0 raised")
+        self.assertEqual(
+            decide(records, None).message.splitlines()[0], "rank 0 raised: ValueError: x"
+        )
 
     def test_rank_killed_by_signal_names_rank_and_signal(self) -> None:
         records = [done(0, Event(kind="success")), RankRecord(rank=1, exitcode=-11)]
@@ -78,7 +82,9 @@ class Decide(unittest.TestCase):
         ]
         head = decide(records, None).message.split("\n\n")[0]
         self.assertEqual(
-            head, "rank 0 raised; rank 0 died by signal SIGABRT; rank 1 exited with code 2"
+            head,
+            "rank 0 raised: AssertionError: boom; rank 0 died by signal SIGABRT; "
+            "rank 1 exited with code 2",
         )
 
     def test_first_rank_seen_failing_comes_first(self) -> None:
@@ -98,7 +104,7 @@ class Decide(unittest.TestCase):
         verdict = decide(records, None)
         self.assertEqual(verdict.message.split("\n\n")[0], "rank 0 exited with code 4")
         self.assertIn(
-            "rank 1 was still running and was stopped; its stack then:\nFile b.py, in wait\n"
+            "rank 1 was still running and was stopped; its stack then:\nFile b.py, in wait\n\n"
             "rank 2 was still running and was stopped; its stack then:\n"
             "(no stack: the rank did not answer the dump signal)",
             verdict.message,
@@ -174,9 +180,70 @@ class Decide(unittest.TestCase):
             verdict.subtests,
             [
                 SubtestVerdict({"n": 1}, "pass", ""),
-                SubtestVerdict({"n": 2}, "fail", "rank 0 failed this grid point:\ntb0"),
+                SubtestVerdict(
+                    {"n": 2}, "fail", "rank 0 failed this grid point:\ntb0",
+                    RankReport("rank 0", "tb0", [], []),
+                ),
             ],
         )
+
+
+USER_TB = (
+    "Traceback (most recent call last):\n"
+    '  File "/u/test_x.py", line 7, in test_x\n'
+    "    dist.all_reduce(t)\n"
+)
+RESET = USER_TB + "RuntimeError: [pair.cc:537] Read error: Connection reset by peer\n"
+
+
+class CauseFirst(unittest.TestCase):
+    """A crash or hang report leads with the rank that caused it; the others come after."""
+
+    def test_crash_leads_and_the_peers_reset_is_a_labelled_consequence(self) -> None:
+        records = [
+            done(0, Event(kind="failure", text=RESET), problem_at=1.0),
+            RankRecord(rank=1, exitcode=-6, problem_at=2.0,
+                       stack='  File "/u/test_x.py", line 6, in test_x'),
+        ]
+        verdict = decide(records, None)
+        head, body = verdict.message.split("\n\n", 1)
+        self.assertEqual(
+            head,
+            "rank 1 died by signal SIGABRT; rank 0 raised as a consequence: "
+            "RuntimeError: [pair.cc:537] Read error: Connection reset by peer",
+        )
+        self.assertTrue(body.startswith(
+            "rank 1 died by signal SIGABRT; its stack (most recent call last):\n"
+            '  File "/u/test_x.py", line 6, in test_x\n\nrank 0 raised as a consequence:\n'
+        ), body)
+        lead = verdict.lead
+        self.assertEqual((lead.label, lead.message), ("rank 1", "died by signal SIGABRT"))
+        self.assertEqual([f.lineno for f in lead.frames], [6])
+        self.assertEqual(lead.sections[0][0], "rank 0 raised as a consequence")
+
+    def test_raised_error_leads_with_its_exception_line_and_frames(self) -> None:
+        records = [done(1, Event(kind="failure", text=USER_TB + "ValueError: bad\n"))]
+        lead = decide(records, None).lead
+        self.assertEqual((lead.label, lead.message), ("rank 1", "ValueError: bad"))
+        self.assertEqual([(f.filename, f.lineno, f.name) for f in lead.frames],
+                         [("/u/test_x.py", 7, "test_x")])
+
+    def test_hang_is_blamed_on_the_rank_outside_the_collectives(self) -> None:
+        waiting = [CollectiveCall("all_reduce", "the default group", 2, (), False)]
+        records = [
+            RankRecord(rank=0, stopped=True, stack="s0", collectives=waiting),
+            RankRecord(rank=1, stopped=True, stack='  File "/u/t.py", line 3, in test_x',
+                       collectives=[]),
+        ]
+        verdict = decide(records, 8.0)
+        self.assertEqual(
+            verdict.message.splitlines()[0],
+            "timed out after 8 s with rank 0, rank 1 still running; rank 1 hung first "
+            "(in no collective, the others wait in one)",
+        )
+        self.assertLess(verdict.message.index("stack of rank 1"),
+                        verdict.message.index("stack of rank 0"))
+        self.assertEqual((verdict.lead.label, verdict.lead.hang), ("rank 1", True))
 
 
 class MergeSubtests(unittest.TestCase):
@@ -210,6 +277,7 @@ class MergeSubtests(unittest.TestCase):
                     {"k": None},
                     "fail",
                     "rank 0 failed this grid point:\ntb0\nrank 1 failed this grid point:\ntb1",
+                    RankReport("rank 0", "tb0", [], [("rank 1 failed this grid point", "tb1")]),
                 )
             ],
         )

@@ -15,6 +15,8 @@ their launcher and in what a rank needs attached, so a new mode is a new Launche
 from __future__ import annotations
 
 import inspect
+import math
+import time
 from typing import Any, List, Optional, Tuple
 
 from harness import devices
@@ -28,11 +30,16 @@ from harness.skips import check_case_requirements
 from harness.testcase import TestCase, current_seed, seed_everything
 from harness.world_size import BaseWorldSize, fix_world_size, world_size_of, wrap_world_size
 
-# unittest hides frames of modules that define this, as it does for its own: a multi-rank
-# failure then shows the rank's traceback, not the supervisor's.
+# unittest and pytest hide frames of modules that define these, as unittest does for its
+# own: a multi-rank failure then shows the rank's traceback, not the supervisor's.
 __unittest = True
+__tracebackhide__ = True
 
 SUPERVISOR_RANK = -1
+# Before a runner's deadline, time to stop the ranks (each mode gives a rank about 2 s to
+# dump its stack or unwind) and to report: this much, or 60% of the time left if less.
+REPORT_MARGIN_S = 5.0
+MIN_TIMEOUT_S = 0.1
 
 
 class RankedTestCase(TestCase):
@@ -45,6 +52,10 @@ class RankedTestCase(TestCase):
     # In a rank, what its launcher told it (`attach_rank`); None in the supervisor.
     rank_context: Optional[RankContext] = None
     timeout: float = devices.DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
+    # A runner's own limit on this test (time.monotonic()), e.g. pytest-timeout's: the ranks are
+    # stopped early enough for the harness's hang report to be what the user sees.
+    deadline: Optional[float] = None
+    timeout_cap: Optional[float] = None  # what meeting the deadline leaves (devices.test_timeout)
     # How many ranks run the test (classes override it, as an int or a property): the base's
     # default; once a run decided the number (harness/world_size.py), that number.
     world_size: int = BaseWorldSize()  # type: ignore[assignment]
@@ -106,6 +117,7 @@ class RankedTestCase(TestCase):
         self._start_ranks()
         launcher = self._launcher
         assert launcher is not None
+        self._meet_deadline()
         try:
             records, timed_out_after = launcher.join(self)
         finally:  # on KeyboardInterrupt too: nothing a test started outlives it
@@ -118,6 +130,14 @@ class RankedTestCase(TestCase):
         """Turn `rank_records` into the test's outcome (process cases add upstream's
         return-code API around it)."""
         apply_verdict(self, decide(self.rank_records, self.ranks_timed_out_after))
+
+    def _meet_deadline(self) -> None:
+        """Cap the timeout so that the ranks are stopped and reported before `deadline`."""
+        if self.deadline is None:
+            return
+        left = self.deadline - time.monotonic()
+        allowed = math.floor((left - min(REPORT_MARGIN_S, left * 0.6)) * 10) / 10
+        self.timeout_cap = max(MIN_TIMEOUT_S, allowed)
 
     def attach_rank(self, context: RankContext) -> None:
         """Make this instance the rank `context` describes (the launcher calls it before

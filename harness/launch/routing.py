@@ -12,9 +12,10 @@ import types
 import unittest
 from typing import Any, Callable
 
-# unittest hides frames of modules that define this: neither a rank's traceback nor the
-# verdict's then starts with the routing frame.
+# unittest and pytest hide frames of modules that define these: a failure points at the
+# test's line, not at the routing.
 __unittest = True
+__tracebackhide__ = True
 
 
 def route_test_method(case: unittest.TestCase, join: Callable[[], Any]) -> None:

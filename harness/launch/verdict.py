@@ -10,16 +10,34 @@ be read, and tested, in one place.
 from __future__ import annotations
 
 import unittest
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from harness.launch.collective_trace import collectives_section, disagreement
+from harness.launch import stacks
+from harness.launch.collective_trace import collectives_section, disagreement, waiting_in
 from harness.launch.report import RankRecord
+from harness.launch.stacks import Frame
 
-# unittest hides frames of modules that define this: a verdict's report is the ranks' story,
-# not the frames that raise it here.
+# unittest (and pytest) hide frames of modules that define these: a verdict's report is the
+# ranks' story, not the frames that raise it here.
 __unittest = True
+__tracebackhide__ = True
 
 OUTPUT_TAIL_LINES = 200
+CONSEQUENCE_LINE = 100  # characters of a consequence's exception line kept in the head
+
+
+class RankReport(NamedTuple):
+    """A failure's report in parts, for runners that lay it out themselves (the pytest plugin):
+    what failed first (`label`: "rank 1"; `message`: its exception line, or what happened to
+    it), where (`frames`, oldest first, harness frames hidden) and the other sections, titled.
+    """
+
+    label: str
+    message: str
+    frames: List[Frame]
+    sections: List[Tuple[str, str]]
+    hang: bool = False  # the test timed out: `frames` are where the rank waits
+
 
 ExitAccepted = Callable[[int, int], bool]
 
@@ -35,6 +53,7 @@ class SubtestVerdict(NamedTuple):
     params: Dict[str, Any]
     status: str  # "pass" | "fail" | "skip"
     text: str
+    lead: Optional[RankReport] = None
 
 
 class Verdict(NamedTuple):
@@ -42,6 +61,82 @@ class Verdict(NamedTuple):
     message: str
     subtests: List[SubtestVerdict]
     grid_points: int
+    lead: Optional[RankReport] = None  # a failure's report in parts
+
+
+class Problem(NamedTuple):
+    """One way one rank failed: `head` as "rank N raised", `detail` its traceback or stack."""
+
+    rank: int
+    head: str
+    exception: str
+    detail: str
+    consequence: bool
+
+    def headline(self) -> str:
+        if not self.exception:
+            return self.head
+        line = self.exception.splitlines()[0]
+        if self.consequence:  # the cause is told before; this only says what followed
+            line = line if len(line) <= CONSEQUENCE_LINE else line[: CONSEQUENCE_LINE - 3] + "..."
+            return f"{self.head} as a consequence: {line}"
+        return f"{self.head}: {line}"
+
+    def section(self) -> Tuple[str, str]:
+        """(title, text) of the report's section on this problem; untitled when one line."""
+        if not self.detail:
+            return "", self.headline()
+        if self.consequence:
+            return f"{self.head} as a consequence", self.detail
+        if self.exception:
+            return self.head, self.detail
+        return f"{self.head}; its stack (most recent call last)", self.detail
+
+
+# A rank that failed because a peer failed first: its error names the peer's absence.
+CONSEQUENCE_MARKERS = (
+    "Connection closed by peer", "Connection reset by peer", "remote worker crashing",
+    "Broken pipe", "RankReleased", "communicator was aborted", "abandoned: rank",
+    "run aborted: rank",
+)
+
+
+def where(text: str) -> List[Frame]:
+    """The frames a report points at, from a traceback or stack: the user's, oldest first."""
+    return stacks.visible(stacks.frames_in(text))
+
+
+def is_consequence(text: str) -> bool:
+    """Whether a rank's traceback says it failed because a peer failed (or left) first."""
+    return any(marker in text for marker in CONSEQUENCE_MARKERS)
+
+
+def problems_of(
+    record: RankRecord, exit_accepted: Optional[ExitAccepted] = None
+) -> List[Problem]:
+    """The record's problems, each split into head, exception line and detail."""
+    found = []
+    crashed = record.exitcode is not None and record.exitcode < 0 and not record.stopped
+    for text in record.problems(exit_accepted):
+        head, _, detail = text.partition("\n")
+        head = head.rstrip(":")
+        exception = stacks.exception_text(detail) if detail else ""
+        if crashed and not detail and head.startswith(f"rank {record.rank} died by signal"):
+            detail = record.stack.strip("\n")  # the stack it crashed with, when it could tell
+        found.append(Problem(record.rank, head, exception, detail, is_consequence(detail)))
+    return found
+
+
+def ordered_problems(
+    failing: List[RankRecord], exit_accepted: Optional[ExitAccepted] = None
+) -> List[Problem]:
+    """Every problem, the cause first: a rank that failed on its own before any rank that
+    failed as a consequence of it (which stay labelled so); by time seen, then rank."""
+    problems = [p for r in failing for p in problems_of(r, exit_accepted)]
+    causes = [p for p in problems if not p.consequence]
+    if not causes:  # every failure looks like a consequence: nothing to blame but the first
+        return [p._replace(consequence=False) for p in problems]
+    return causes + [p for p in problems if p.consequence]
 
 
 def decide(
@@ -61,22 +156,46 @@ def decide(
         running = [r for r in records if r.stopped]
         names = ", ".join(f"rank {r.rank}" for r in running)
         head = f"timed out after {timed_out_after:g} s with {names} still running"
-        body = [ranks_collectives(running), stacks_section(running)]
-        body += [p for r in failing for p in r.problems(exit_accepted)]
-        return Verdict("fail", report(head, body, records), subtests, grid_points)
+        problems = ordered_problems(failing, exit_accepted)
+        collectives = ranks_collectives(running)
+        first, blamed = hung_first(running)
+        if blamed:
+            head += f"; rank {first.rank} hung first (in no collective, the others wait in one)"
+        by_cause = sorted(running, key=lambda r: r is not first)  # the cause's stack first
+        sections = [("", collectives), ("", stacks_section(by_cause))]
+        sections += [p.section() for p in problems]
+        lead = RankReport(
+            f"rank {first.rank}" if first else "timed out", head,
+            where(first.stack) if first else [],
+            [titled(collectives)]
+            + [(f"stack of rank {r.rank}", stopped_stack(r)) for r in by_cause]
+            + [p.section() for p in problems],
+            hang=True,
+        )
+        return Verdict("fail", report(head, sections, records), subtests, grid_points, lead)
     if failing:
-        problems = [p for r in failing for p in r.problems(exit_accepted)]
-        head = "; ".join(p.splitlines()[0].rstrip(":") for p in problems)
+        problems = ordered_problems(failing, exit_accepted)
+        head = "; ".join(p.headline() for p in problems)
         stopped = [r for r in records if r.stopped]
-        details = [p for p in problems if "\n" in p]  # one-line problems are all in the head
+        sections = [p.section() for p in problems if p.detail]
         calls = {r.rank: r.collectives for r in records if r.collectives is not None}
         if stopped or disagreement(calls):
-            details.append(collectives_section(calls))
-        body = details + ([stopped_section(stopped)] if stopped else [])
+            sections.append(("", collectives_section(calls)))
+        stopped_parts = [(stopped_title(r), stopped_stack(r)) for r in stopped]
+        lead_problem = problems[0]
+        rest = [p.section() for p in problems[1:]]
+        lead = RankReport(
+            f"rank {lead_problem.rank}",
+            lead_problem.exception or lead_problem.head[len(f"rank {lead_problem.rank} "):],
+            where(lead_problem.detail),
+            rest + [titled(s[1]) for s in sections if not s[0]] + stopped_parts,
+        )
+        message = report(head, sections + stopped_parts, records)
         # The rank named first decides, as unittest would in that rank: an exception other
         # than an assertion's is an error; a crash, a signal or an exit code is a failure.
-        kind = "error" if failing[0].raised_error() else "fail"
-        return Verdict(kind, report(head, body, records), subtests, grid_points)
+        raised = lead_problem.head == f"rank {lead_problem.rank} raised"
+        errored = raised and any(r.rank == lead_problem.rank and r.raised_error() for r in failing)
+        return Verdict("error" if errored else "fail", message, subtests, grid_points, lead)
     reasons = [reason for reason in (r.skip_reason() for r in records) if reason is not None]
     if reasons:
         return Verdict("skip", reasons[0], subtests, grid_points)
@@ -96,13 +215,22 @@ def merge_subtests(records: List[RankRecord]) -> List[SubtestVerdict]:
             )
             point["ranks"] += 1
             if event.status == "fail":
-                point["failed"].append(f"rank {record.rank} failed this grid point:\n{event.text}")
+                point["failed"].append((record.rank, event.text))
             elif event.status == "skip":
                 point["skipped"].append(event.text)
     verdicts = []
     for point in points.values():
         if point["failed"]:
-            verdicts.append(SubtestVerdict(point["params"], "fail", "\n".join(point["failed"])))
+            text = "\n".join(
+                f"rank {rank} failed this grid point:\n{stacks.clean_traceback(tb)}"
+                for rank, tb in point["failed"]
+            )
+            (rank, first), *others = point["failed"]
+            lead = RankReport(
+                f"rank {rank}", stacks.exception_text(first), where(first),
+                [(f"rank {r} failed this grid point", tb) for r, tb in others],
+            )
+            verdicts.append(SubtestVerdict(point["params"], "fail", text, lead))
         elif len(point["skipped"]) == point["ranks"]:
             verdicts.append(SubtestVerdict(point["params"], "skip", point["skipped"][0]))
         else:
@@ -110,25 +238,43 @@ def merge_subtests(records: List[RankRecord]) -> List[SubtestVerdict]:
     return verdicts
 
 
+def titled(section: str) -> Tuple[str, str]:
+    """A section whose first line is its title ("Collectives of each rank:"), split."""
+    title, _, text = section.partition("\n")
+    return title.rstrip(":"), text
+
+
+def hung_first(running: List[RankRecord]) -> Tuple[Any, bool]:
+    """The rank a hang's report leads with, and whether it is to blame: one outside any
+    collective while others wait in one (they wait for it); else the first still running."""
+    known = [r for r in running if r.collectives is not None]
+    outside = [r for r in known if waiting_in(r.collectives or []) is None]
+    if outside and len(outside) < len(known):
+        return outside[0], True
+    return (running[0] if running else None), False
+
+
 def ranks_collectives(records: List[RankRecord]) -> str:
     """Which collective each rank is in (and where they disagree), for ranks that could tell."""
     return collectives_section({r.rank: r.collectives for r in records})
 
 
+NO_STACK = "(no stack: the rank did not answer the dump signal)"
+
+
 def stacks_section(running: List[RankRecord]) -> str:
     parts = ["Python stacks of the ranks still running:"]
     for record in running:
-        stack = record.stack.strip() or "(no stack: the rank did not answer the dump signal)"
-        parts.append(f"--- stack of rank {record.rank} ---\n{stack}")
+        parts.append(f"--- stack of rank {record.rank} ---\n{stopped_stack(record)}")
     return "\n".join(parts)
 
 
-def stopped_section(stopped: List[RankRecord]) -> str:
-    parts = []
-    for record in stopped:
-        parts.append(f"rank {record.rank} was still running and was stopped; its stack then:")
-        parts.append(record.stack.strip() or "(no stack: the rank did not answer the dump signal)")
-    return "\n".join(parts)
+def stopped_title(record: RankRecord) -> str:
+    return f"rank {record.rank} was still running and was stopped; its stack then"
+
+
+def stopped_stack(record: RankRecord) -> str:
+    return record.stack.strip("\n") or NO_STACK
 
 
 def output_section(records: List[RankRecord]) -> str:
@@ -147,9 +293,14 @@ def output_section(records: List[RankRecord]) -> str:
     return "captured output:\n" + "\n".join(parts)
 
 
-def report(head: str, body: List[str], records: List[RankRecord]) -> str:
-    sections = [head, *body, output_section(records)]
-    return "\n\n".join(s for s in sections if s)
+def report(head: str, body: List[Tuple[str, str]], records: List[RankRecord]) -> str:
+    """The unittest report: the head, each titled section ("title:" then its text; untitled
+    ones as they are), then every rank's output."""
+    parts = [head]
+    for title, text in body:
+        parts.append(f"{title}:\n{stacks.clean_traceback(text)}" if title else text)
+    parts.append(output_section(records))
+    return "\n\n".join(p for p in parts if p)
 
 
 def apply_verdict(case: unittest.TestCase, verdict: Verdict) -> None:
@@ -161,12 +312,24 @@ def apply_verdict(case: unittest.TestCase, verdict: Verdict) -> None:
     for point in verdict.subtests:
         with case.subTest(**point.params):
             if point.status == "fail":
-                raise case.failureException(point.text)
+                raise with_report(case.failureException(point.text), point.lead)
             if point.status == "skip":
                 raise unittest.SkipTest(point.text)
     if verdict.kind == "fail":
-        raise case.failureException(verdict.message)
+        raise with_report(case.failureException(verdict.message), verdict.lead)
     if verdict.kind == "error":
-        raise RankError(verdict.message)
+        raise with_report(RankError(verdict.message), verdict.lead)
     if verdict.kind == "skip":
         raise unittest.SkipTest(verdict.message)
+
+
+def with_report(error: BaseException, lead: Optional[RankReport]) -> BaseException:
+    """`error`, carrying its report in parts as `rank_report` (read by harness/pytest_plugin.py)."""
+    error.rank_report = lead  # type: ignore[attr-defined]
+    return error
+
+
+def rank_report(error: BaseException) -> Optional[RankReport]:
+    """The report in parts a multi-rank failure carries, else None."""
+    lead = getattr(error, "rank_report", None)
+    return lead if isinstance(lead, RankReport) else None

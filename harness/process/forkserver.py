@@ -26,7 +26,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
-import io
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
@@ -37,9 +36,10 @@ import signal
 import sys
 import time
 from multiprocessing import spawn
-from typing import Any, Callable, Dict, List, NoReturn, Optional
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional
 
 from harness import devices
+from harness.process import assert_rewrite
 
 MAIN_PATH_ENV = "HARNESS_FORKSERVER_MAIN"
 MODULES_ENV = "HARNESS_FORKSERVER_MODULES"
@@ -78,6 +78,7 @@ def preload(*modules: str) -> None:
 
 def context(test_module: str) -> Any:
     """The multiprocessing context ranks start from, with the forkserver running if used."""
+    check_not_bootstrapping()
     method = devices.start_method()
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
@@ -85,6 +86,21 @@ def context(test_module: str) -> Any:
         ctx.set_forkserver_preload([*_preload, "harness.process.forkserver_main"])
         _ensure_running()
     return ctx
+
+
+def warm_up(test_module: str) -> None:
+    """Start the forkserver for `test_module` and wait until it has preloaded and can fork
+    ranks (a runner does this before a test's own time starts); at once if it runs."""
+    if devices.start_method() == "forkserver" and "forkserver" not in helper_pids():
+        probe = context(test_module).Process(target=os.getpid, name="harness-forkserver-probe")
+        try:
+            probe.start()
+        except (EOFError, OSError):
+            if stopped_for_missing_guard():
+                exit_for_missing_guard(test_module)
+            raise
+        probe.join()
+        probe.close()
 
 
 def _main_script() -> Optional[str]:
@@ -108,6 +124,7 @@ def _ensure_running() -> None:
         RUNNER_ENV: str(os.getpid()),
         MAIN_PATH_ENV: script,
         MODULES_ENV: ",".join(_test_modules),
+        **assert_rewrite.settings(),
     }
     if NVML_CHECK_ENV not in os.environ:
         settings[NVML_CHECK_ENV] = "1"
@@ -130,6 +147,7 @@ def load_test_code_in_forkserver() -> None:
     script ranks would import. One that fails to import is left to the ranks, which import it
     again and report the error; one that exits while imported ran its tests on import."""
     modules = [name for name in os.environ.get(MODULES_ENV, "").split(",") if name]
+    assert_rewrite.install(dict(os.environ))  # under pytest: their asserts as pytest has them
     for name in modules:
         _import_test_code(importlib.import_module, name)
     path = os.environ.get(MAIN_PATH_ENV)
@@ -141,12 +159,37 @@ def _import_test_code(load: Callable[[str], Any], name: str) -> None:
     """Import quietly: what the code prints at import the runner printed already, and what a
     script without its guard prints (unittest's `Ran 0 tests`) is noise before the error."""
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with _silenced():
             load(name)
     except SystemExit:
         os._exit(MISSING_GUARD_EXIT)
     except Exception:  # noqa: BLE001 - each rank imports it again and reports the error
         return
+
+
+@contextlib.contextmanager
+def _silenced() -> Iterator[None]:
+    """stdout and stderr into /dev/null at the descriptor level, so that a stream the code
+    keeps (a logging handler made at import) is still sys.stderr, writing where it should
+    in the ranks forked later."""
+    streams = [stream for stream in (sys.stdout, sys.stderr) if stream is not None]
+    for stream in streams:
+        stream.flush()
+    saved, null = [os.dup(1), os.dup(2)], os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        for stream in streams:
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed by the code: nothing buffered to drop
+                pass
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
 
 
 def check_not_bootstrapping() -> None:
@@ -180,18 +223,22 @@ def stopped_for_missing_guard() -> bool:
 def exit_for_missing_guard(module: str) -> NoReturn:
     """End the run now with one line naming the missing guard of `module`'s file.
 
-    Not an exception: the test framework running this would report it per test and start the
-    next test, which would fail the same way. The exit handlers still run (temp dirs, helpers).
+    Not an exception a test reports: the test framework would start the next test, which
+    would fail the same way. Under pytest (which captures stderr) it is pytest's own
+    `pytest.exit`, which ends the session with the line and code 2; elsewhere the line goes
+    to stderr and the process exits once its exit handlers ran (temp dirs, helpers).
     """
     source = getattr(sys.modules.get(module), "__file__", None) or module
-    stop_helpers({})  # reaps the forkserver that stopped itself
-    sys.stdout.flush()
-    print(
+    message = (
         f"error: {source} starts ranks when it is imported, and the forkserver and every rank "
-        'import it again: put the code that runs its tests under `if __name__ == "__main__":`',
-        file=sys.stderr,
-        flush=True,
+        'import it again: put the code that runs its tests under `if __name__ == "__main__":`'
     )
+    stop_helpers({})  # reaps the forkserver that stopped itself
+    outcomes = sys.modules.get("_pytest.outcomes")
+    if outcomes is not None and os.environ.get("PYTEST_VERSION"):  # a pytest session runs
+        raise outcomes.Exit(message, returncode=MISSING_GUARD_EXIT_CODE)
+    sys.stdout.flush()
+    print(message, file=sys.stderr, flush=True)
     atexit._run_exitfuncs()
     os._exit(MISSING_GUARD_EXIT_CODE)
 

@@ -29,13 +29,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing import parent_process
 from multiprocessing.connection import Connection, wait
-from typing import Any, Dict, FrozenSet, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from harness.compat import cpu_defaults as compat_cpu_defaults
 from harness.compat import flight_recorder as compat_flight_recorder
+from harness.devices import DEBUG_RANK_ENV
 from harness.launch.context import RankContext
 from harness.launch.report import (
     Event,
@@ -43,7 +44,7 @@ from harness.launch.report import (
     failure_event,
     skip_exit_reason,
 )
-from harness.process import leaks
+from harness.process import assert_rewrite, leaks
 from harness.testcase import current_seed
 
 STACK_SIGNAL = signal.SIGUSR1  # the parent sends it to get a rank's Python stack
@@ -256,6 +257,8 @@ def _set_up_process(spec: RankSpec) -> None:
     _die_with_parent(spec.work_dir)
     _capture_output(spec.output_path)
     _prepare_process(spec)
+    if spec.env.get(DEBUG_RANK_ENV) == str(spec.rank):
+        _use_terminal(spec)
 
 
 def _leave(channel: Connection) -> None:
@@ -332,8 +335,32 @@ def without_lifeline(stack: str) -> str:
     return "\n\n".join(b for b in blocks if not any(f"in {h}" in b for h in helpers))
 
 
+def _use_terminal(spec: RankSpec) -> None:
+    """`--debug-rank`: give this rank the terminal (stdin, stdout, stderr), so that
+    `breakpoint()` and pdb work in it; its output then goes there instead of the report."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR)
+    except OSError:
+        print(f"--debug-rank {spec.rank}: no terminal (/dev/tty) to give this rank", flush=True)
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for target in (0, 1, 2):
+        os.dup2(fd, target)
+    os.close(fd)
+    sys.stdin = open(0, closefd=False)  # multiprocessing gave the rank /dev/null
+    _terminal.append(True)
+    print(f"[harness] rank {spec.rank} of {spec.qualname}.{spec.method or '*'} has this "
+          "terminal: breakpoint() stops here", flush=True)
+
+
+_terminal: List[bool] = []  # non-empty once this rank has the terminal (`--debug-rank`)
+
+
 def _capture_output(path: str) -> None:
     """Send this process's fds 1 and 2 (so C++ and child output too) to its private file."""
+    if _terminal:
+        return
     sys.stdout.flush()
     sys.stderr.flush()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -352,6 +379,7 @@ def _prepare_process(spec: RankSpec) -> None:
     os.environ.clear()
     os.environ.update(spec.env)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    assert_rewrite.install(spec.env)  # under pytest, test modules imported here are rewritten
     compat_flight_recorder.enable()  # so a hang report can say which collective each rank is in
     compat_cpu_defaults.install()  # HARNESS_ALLOW_CPU: torch's accelerator defaults on CPU
     # Ctrl-C reaches the whole process group; the parent decides and stops the ranks.

@@ -26,9 +26,9 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Dict, List, Set
 
 from harness import devices
-from harness.launch import collective_trace
+from harness.launch import collective_trace, stacks
 from harness.launch.report import RankRecord
-from harness.process import forkserver
+from harness.process import assert_rewrite, forkserver
 from harness.process.rank import (
     COLLECTIVES_SIGNAL,
     STACK_SIGNAL,
@@ -133,7 +133,7 @@ class RankGroup:
             output_path=self.output_path(rank),
             temp_dir=self.temp_dir,
             threads=devices.intra_op_threads(world_size),
-            env=dict(os.environ),
+            env={**os.environ, **assert_rewrite.settings()},
             fake_pg=bool(getattr(cls, "fake_pg", False)),
         )
 
@@ -185,6 +185,7 @@ class RankGroup:
         started = time.monotonic()
         deadline, stop_at = started + timeout, float("inf")
         stream = devices.show_output()
+        debugging = devices.debug_rank() is not None  # the others wait for the rank debugged
         while self._running() or any(rank not in self._alive for rank in self._readers):
             now = time.monotonic()
             if now >= min(deadline, stop_at):
@@ -195,7 +196,7 @@ class RankGroup:
             self._wait_once(wait_s)
             if stream:
                 self._stream()
-            if stop_at == float("inf") and self._any_rank_ended_test():
+            if stop_at == float("inf") and self._any_rank_ended_test() and not debugging:
                 stop_at = time.monotonic() + FAIL_FAST_GRACE_S
         still_running = self._running()
         self._stop(still_running)
@@ -327,11 +328,18 @@ class RankGroup:
             return b""
 
     def _collect_output(self) -> None:
+        """Each rank's output and stack: the dump it wrote when stopped, or the one
+        faulthandler wrote when it crashed (taken out of its output), in the report's format."""
         for record in self.records:
             data = self._read(record.rank)
             cut = self._stack_from.get(record.rank, len(data))
             record.output = data[:cut].decode(errors="replace")
-            record.stack = without_lifeline(data[cut:].decode(errors="replace"))
+            dump = without_lifeline(data[cut:].decode(errors="replace"))
+            record.stack = stacks.from_faulthandler(dump) if dump.strip() else ""
+            if record.exitcode is not None and record.exitcode < 0 and not record.stopped:
+                record.output, dump = stacks.split_fatal_error(record.output)
+                if dump:
+                    record.stack = stacks.from_faulthandler(dump, crashed=True)
 
     def _stream(self) -> None:
         """Print new complete lines of every rank's output, prefixed by its rank."""

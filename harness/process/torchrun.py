@@ -38,6 +38,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import parse_qs, urlparse
 
 from harness import devices
+from harness.launch import stacks
 from harness.launch.in_process import run_rank_here
 from harness.launch.launcher import Launcher
 from harness.launch.report import RankRecord
@@ -235,7 +236,10 @@ def _post_stack(exchange: RankExchange, thread_id: int) -> None:
     here = run_rank_here.__code__.co_filename  # the frames above it are the runner's
     starts = [i for i, entry in enumerate(entries) if entry.filename == here]
     shown = entries[starts[-1] + 1:] if starts else entries
-    exchange.post_stack("Stack (most recent call last):\n" + "".join(traceback.format_list(shown)))
+    # The report's one stack format (most recent call last, harness frames hidden).
+    exchange.post_stack(stacks.format_stack(
+        [stacks.Frame(e.filename, e.lineno or 0, e.name) for e in shown]
+    ))
 
 
 def _run_here(case: Any, rank: int, world_size: int) -> RankRecord:

@@ -68,6 +68,22 @@ def _integer(what: str) -> Callable[[str], int]:
     return parse
 
 
+def _rank(text: str) -> int:
+    """--debug-rank: a rank number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: ranks are numbered from 0")
+    return value
+
+
+_rank.__name__ = "--debug-rank"
+DEBUG_RANK_HELP = (
+    "give rank N of each multi-rank test the terminal, for breakpoint()/pdb; the other ranks "
+    "and the timeout wait for it (sets HARNESS_DEBUG_RANK)"
+)
 def _jobs(text: str) -> int:
     try:
         return parse_jobs(text)
@@ -130,6 +146,7 @@ def run_all_parser(prog: str = RUN_ALL_PROG) -> argparse.ArgumentParser:
         "-j", "--jobs", type=_jobs, default=1, metavar="N|auto",
         help="run tests side by side within N cores (auto: the machine's)",
     )
+    parser.add_argument("--debug-rank", type=_rank, metavar="N", help=DEBUG_RANK_HELP)
     parser.add_argument("-x", "--failfast", action="store_true", help="stop at the first failure")
     loud = parser.add_mutually_exclusive_group()
     loud.add_argument("-v", "--verbose", action="store_true", help="one line per test")
@@ -155,11 +172,14 @@ def _apply_env(args: argparse.Namespace) -> None:
         args.order = chosen_order(args.order)
     except OrderError as error:
         raise UsageError(str(error)) from None
+    if args.debug_rank is not None:
+        os.environ[devices.DEBUG_RANK_ENV] = str(args.debug_rank)
     try:
         devices.accelerator_count()
         devices.allow_cpu()
         devices.default_world_size()
         devices.default_timeout()
+        devices.debug_rank()
         devices.start_method()
         torchrun.launched()
         progress_interval()
@@ -248,4 +268,5 @@ def run_tests_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow-cpu", action="store_true")
     parser.add_argument("--order")  # checked by order.chosen_order, which reads HARNESS_ORDER too
     parser.add_argument("-j", "--jobs", type=_jobs, default=1)
+    parser.add_argument("--debug-rank", type=_rank)
     return parser

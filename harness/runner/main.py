@@ -43,6 +43,8 @@ Harness options (besides unittest's):
                     the classes of the file in that order (HARNESS_ORDER)
   -j N|auto         run tests side by side within N cores (auto: the machine's), with
                     run_all.py's summary
+  --debug-rank N    give rank N the terminal, for breakpoint()/pdb; the other ranks and
+                    the timeout wait for it (sets HARNESS_DEBUG_RANK)
 Upstream's run_tests flags are accepted: --accept, --showlocals, --discover-tests and
 --log-suffix act, --pytest-single-test selects the test, the others are ignored with a note.
 """
@@ -177,6 +179,8 @@ def run_tests(argv: Optional[Sequence[str]] = None) -> None:
     except OrderError as error:
         print(f"{Path(argv[0]).name}: error: {error}", file=sys.stderr)
         sys.exit(2)
+    if harness_args.debug_rank is not None:
+        os.environ[devices.DEBUG_RANK_ENV] = str(harness_args.debug_rank)
     if harness_args.allow_cpu and os.environ.get(devices.ALLOW_CPU_ENV) != "1":
         os.environ[devices.ALLOW_CPU_ENV] = "1"
         if argv_given is None:

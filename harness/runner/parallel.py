@@ -44,6 +44,7 @@ from harness.world_size import world_size_of
 # Not `-m harness.runner.worker`: the package imports the module before runpy would run it.
 WORKER_COMMAND = "import sys; from harness.runner.worker import main; sys.exit(main())"
 TIMEOUT_GRACE_S = 60.0  # past the harness timeout, a test's worker is stopped (a rank-less hang)
+MAX_LOST_WORKERS = 2  # workers a unit may lose before its first test before that test fails
 STOP_WAIT_S = 10.0  # how long a stopped worker may take to clean up before it is killed
 
 
@@ -55,6 +56,7 @@ class Unit:
     module: str
     tests: List[unittest.TestCase]
     cost: int
+    lost_workers: int = 0  # workers that died before beginning any of its tests
 
 
 def parse_jobs(text: str) -> int:
@@ -323,12 +325,18 @@ class Controller:
             worker.close()
         slot = self.workers.index(worker)
         self.workers[slot] = None
-        if len(worker.started) > worker.finished:
+        begun = len(worker.started)
+        if not begun:  # died before its first test: once may be bad luck, twice is the test's
+            unit.lost_workers += 1
+            if unit.lost_workers >= MAX_LOST_WORKERS:
+                worker.started, begun = [unit.tests[0].id()], 1
+        if begun > worker.finished:
             test_id = worker.started[-1]
             record = RunRecord(test_id, unit.module, "error", f"{test_id}: {why}",
                                f"{why} while running {test_id}", "WorkerLost")
             self.hooks.recorded(self.tests.get(test_id), record, self._place(unit))
-        left = unit.tests[len(worker.started):]
+        left = unit.tests[begun:]
         self.hooks.unit_done(unit.module, time.monotonic() - self.began[unit.index])
         if left:
-            self.pending.insert(0, Unit(unit.index, unit.module, left, unit.cost))
+            lost = unit.lost_workers if not worker.started else 0
+            self.pending.insert(0, Unit(unit.index, unit.module, left, unit.cost, lost))

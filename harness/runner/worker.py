@@ -13,9 +13,11 @@ A worker stops when stdin closes; interrupted (SIGINT/SIGTERM) it stops its rank
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import os
+import signal
 import sys
 import unittest
 from typing import Any, Dict, List, TextIO, Tuple
@@ -30,6 +32,7 @@ from harness.runner.records import Collector, RunRecord
 
 WORKER_FD_ENV = "HARNESS_WORKER_FD"
 PRELOAD_ENV = "HARNESS_WORKER_PRELOAD"  # the run's suite modules, comma-separated
+_PR_SET_PDEATHSIG = 1
 PATH_ENV = "HARNESS_WORKER_PATH"  # the controller's sys.path: where it found the test files
 
 
@@ -90,9 +93,16 @@ def serve(units: TextIO, reporter: _Reporter) -> None:
         reporter.send("done")
 
 
+def _die_with_controller() -> None:
+    """SIGTERM when the controller dies (even by SIGKILL): the worker then stops its ranks."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 def main() -> int:
     """The worker's life: exit 0 when its controller closed stdin, 128+N when stopped by
     signal N; nothing it started outlives it."""
+    _die_with_controller()
     reporter = _Reporter(os.fdopen(int(os.environ.pop(WORKER_FD_ENV)), "w"))
     modules = [m for m in os.environ.pop(PRELOAD_ENV, "").split(",") if m]
     paths = os.environ.pop(PATH_ENV, "").split(os.pathsep)

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from harness import devices
 from harness.compat import c10d_world
+from harness.launch import stacks
 from harness.launch.context import GridSync, RankContext
 from harness.launch.launcher import Launcher
 from harness.launch.report import (
@@ -110,7 +111,7 @@ class ThreadRanks(Launcher):
             while thread.is_alive():
                 limit = deadline
                 failed_at = min(r.problem_at for r in self.records)
-                if failed_at != float("inf"):
+                if failed_at != float("inf") and devices.debug_rank() is None:
                     limit = min(deadline, failed_at + FAIL_FAST_GRACE_S)
                 now = time.monotonic()
                 if now >= limit:
@@ -120,7 +121,10 @@ class ThreadRanks(Launcher):
         return False
 
     def _stop_if_running(self) -> None:
-        if any(thread.is_alive() for thread in self.threads):
+        """Stop the ranks if nothing did yet (a rank already told to stop is not waited for
+        twice: a runner's deadline counts on one grace period)."""
+        stopped = any(record.stopped for record in self.records)
+        if not stopped and any(thread.is_alive() for thread in self.threads):
             self._stop()
 
     def _stop(self) -> None:
@@ -132,7 +136,7 @@ class ThreadRanks(Launcher):
             record = self.records[rank]
             record.stopped = True
             frame = frames.get(thread.ident) if thread.ident is not None else None
-            record.stack = "".join(traceback.format_stack(frame)) if frame else ""
+            record.stack = stacks.format_stack(_frames(frame)) if frame else ""
         self.world.abort("the test was stopped (timed out, or another rank failed)")
         for _, thread in running:
             _raise_in_thread(thread, RankThreadStopped)
@@ -202,6 +206,13 @@ def _destroy_group_of(world: thread_world.ThreadedWorld) -> None:
     group = dist.group.WORLD
     if isinstance(group, threaded_pg.ThreadedProcessGroup) and group.world is world:
         dist.destroy_process_group()
+
+
+def _frames(frame: Any) -> List[stacks.Frame]:
+    """A live thread's frames, oldest first."""
+    return [
+        stacks.Frame(f.filename, f.lineno or 0, f.name) for f in traceback.extract_stack(frame)
+    ]
 
 
 def _raise_in_thread(thread: threading.Thread, exc_type: type) -> None:

@@ -1,0 +1,182 @@
+"""Python stacks and tracebacks of ranks, in one format whichever mode ran the rank.
+
+A rank's report shows where it was: the traceback of what it raised, the stack it died with
+(faulthandler's dump of a crash) or the stack it hung in (the dump the supervisor asks for,
+or a rank thread's frame). All of them are shown as Python shows a traceback (most recent
+call last, `  File "...", line N, in name` and the source line), with the harness's own
+frames hidden: they are the same in every report and bury the user's line. faulthandler's
+noise (other threads, the "Extension modules" list) is left out.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import threading
+import unittest
+from typing import List, NamedTuple, Sequence, Tuple
+
+FRAME_LINE = re.compile(r'^  File "(?P<file>.+)", line (?P<line>\d+)(, in (?P<name>.+))?$')
+_DUMP_FRAME = re.compile(r'^  File "(?P<file>.+)", line (?P<line>\d+) in (?P<name>.+)$')
+_DUMP_THREAD = re.compile(
+    r"^(Current thread 0x[0-9a-fA-F]+ |Thread 0x[0-9a-fA-F]+ |Stack )\(most recent call first\):$"
+)
+_FATAL = "Fatal Python error:"
+TRACEBACK_HEAD = "Traceback (most recent call last):"
+
+_HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The harness's machinery: how a rank is started, run, synchronised and reported. The kit
+# (FSDP/DTensor helpers a test calls) is the user's library and stays visible.
+_HIDDEN = tuple(
+    os.path.join(_HARNESS, name)
+    for name in (
+        "launch" + os.sep, "process" + os.sep, "threads" + os.sep, "runner" + os.sep,
+        "compat" + os.sep, "testcase.py", "comparison.py", "subtests.py", "parametrize.py",
+        "pytest_plugin.py",
+    )
+) + (os.path.dirname(unittest.__file__) + os.sep,)
+# Hidden only below the first frame of the test: what starts a process or a thread.
+_STARTERS = (
+    os.path.dirname(os.path.abspath(threading.__file__)) + os.sep + "multiprocessing" + os.sep,
+    os.path.abspath(threading.__file__),
+    os.path.join(os.path.dirname(os.path.abspath(threading.__file__)), "runpy.py"),
+    "<string>",
+)
+
+
+class Frame(NamedTuple):
+    filename: str
+    lineno: int
+    name: str
+
+
+def is_hidden(filename: str) -> bool:
+    """Whether a frame of this file is the harness's machinery (hidden in reports)."""
+    return os.path.abspath(filename).startswith(_HIDDEN)
+
+
+def visible(frames: Sequence[Frame]) -> List[Frame]:
+    """The frames a report shows (oldest first): without the starters below the test and the
+    harness's machinery; all of them when nothing else is left (a fault of the harness)."""
+    start = 0
+    while start < len(frames) and (
+        frames[start].filename.startswith(_STARTERS) or is_hidden(frames[start].filename)
+    ):
+        start += 1
+    shown = [f for f in frames[start:] if not is_hidden(f.filename)]
+    return shown or list(frames)
+
+
+def format_frames(frames: Sequence[Frame]) -> str:
+    """Frames (oldest first) as Python prints a traceback's, each with its source line."""
+    lines = []
+    for frame in frames:
+        lines.append(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}')
+        source = linecache.getline(frame.filename, frame.lineno).strip()
+        if source:
+            lines.append(f"    {source}")
+    return "\n".join(lines)
+
+
+def format_stack(frames: Sequence[Frame]) -> str:
+    """A stack (oldest first) in the report's format, harness frames hidden."""
+    return format_frames(visible(frames))
+
+
+def frames_in(text: str) -> List[Frame]:
+    """The frames of the last traceback (or stack in this format) in `text`, oldest first."""
+    last = text.rfind(TRACEBACK_HEAD)
+    segment = text[last:] if last >= 0 else text
+    frames = []
+    for line in segment.splitlines():
+        match = FRAME_LINE.match(line)
+        if match:
+            frames.append(Frame(match["file"], int(match["line"]), match["name"] or "<module>"))
+    return frames
+
+
+def exception_text(traceback_text: str) -> str:
+    """What a formatted traceback ends with: the exception line(s), without the frames."""
+    lines = traceback_text.rstrip().splitlines()
+    end = 0
+    for index, line in enumerate(lines):
+        if FRAME_LINE.match(line) or line.startswith("Traceback"):
+            end = index + 1
+        elif line.startswith("    ") and end == index:  # a frame's source or caret line
+            end = index + 1
+    return "\n".join(lines[end:]).strip() or (lines[-1].strip() if lines else "")
+
+
+def clean_traceback(text: str) -> str:
+    """A formatted traceback with the harness's frames taken out (each traceback of a chain
+    keeps them all if nothing else is left)."""
+    out: List[str] = []
+    segment: List[Tuple[bool, List[str]]] = []  # (hidden, lines) per frame of the traceback
+
+    def flush() -> None:
+        kept = [lines for hidden, lines in segment if not hidden]
+        for lines in kept if kept else [lines for _, lines in segment]:
+            out.extend(lines)
+        segment.clear()
+
+    for line in text.splitlines():
+        match = FRAME_LINE.match(line)
+        if match:
+            segment.append((is_hidden(match["file"]), [line]))
+        elif segment and line.startswith("    "):
+            segment[-1][1].append(line)
+        else:
+            flush()
+            out.append(line)
+    flush()
+    return "\n".join(out)
+
+
+def _threads(dump: str) -> List[Tuple[bool, List[Frame]]]:
+    """faulthandler's thread blocks: (is the current thread, frames oldest first)."""
+    threads: List[Tuple[bool, List[Frame]]] = []
+    for line in dump.splitlines():
+        head = _DUMP_THREAD.match(line)
+        if head:
+            threads.append((not line.startswith("Thread"), []))
+            continue
+        frame = _DUMP_FRAME.match(line)
+        if frame and threads:
+            threads[-1][1].insert(0, Frame(frame["file"], int(frame["line"]), frame["name"]))
+    return threads
+
+
+def from_faulthandler(dump: str, crashed: bool = False) -> str:
+    """The stack that matters in a faulthandler dump, in the report's format: the thread that
+    crashed (`crashed`), else the main thread (the one not started by `threading`)."""
+    threads = [(current, frames) for current, frames in _threads(dump) if frames]
+    if not threads:
+        return dump.strip()
+    chosen = None
+    if crashed:
+        chosen = next((frames for current, frames in threads if current), None)
+    if chosen is None:
+        started = os.path.abspath(threading.__file__)
+        chosen = next(
+            (frames for _, frames in threads if frames[0].filename != started), threads[0][1]
+        )
+    return format_stack(chosen)
+
+
+def split_fatal_error(output: str) -> Tuple[str, str]:
+    """(output without faulthandler's fatal-error dump, the dump) for a rank that crashed."""
+    lines = output.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.startswith(_FATAL)), None)
+    if start is None:
+        return output, ""
+    end = start + 1
+    while end < len(lines):
+        line = lines[end].rstrip("\n")
+        if line.startswith("Extension modules:"):
+            end += 1
+            break
+        if not (line == "" or line.startswith("  ") or _DUMP_THREAD.match(line)):
+            break
+        end += 1
+    return "".join(lines[:start] + lines[end:]), "".join(lines[start:end])
