@@ -118,10 +118,25 @@ class TestOwnReturnCodeCheck(MultiProcessTestCase):
         # as upstream suites do: the test expects rank 1 to fail and checks that itself
         assert [p.exitcode for p in self.processes] == [0, self.TEST_ERROR_EXIT_CODE]
 
+    def tearDown(self):
+        super().tearDown()
+        try:
+            os.remove(self.file_name + ".rank0-done")
+        except OSError:
+            pass
+
     def test_rank_1_fails_on_purpose(self):
-        if self.rank == 1:
-            time.sleep(3)  # rank 0 ends first (upstream stops the others once one failed)
-            raise RuntimeError("expected")
+        marker = self.file_name + ".rank0-done"
+        if self.rank == 0:
+            open(marker, "w").close()
+            return
+        # rank 0 ends first: upstream stops the other ranks at once when one failed
+        for _ in range(600):
+            if os.path.exists(marker):
+                break
+            time.sleep(0.1)
+        time.sleep(2)
+        raise RuntimeError("expected")
 
 
 SET_UP_IN = []
