@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from harness import devices
+from harness.kit.fsdp import FSDPTest
 from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
 from harness.skips import TEST_SKIPS, skip_if_lt_x_gpu
@@ -257,9 +258,24 @@ class SharedParentSetUpFails(_Shared):
 
     def setUp(self) -> None:
         super().setUp()
-        if self.rank == -1 and self._testMethodName == "test_1_case":
+        self._start_ranks()  # sends the test, as upstream's setUp does
+        if self._testMethodName == "test_1_case":
             raise RuntimeError("the parent's setUp fails after sending the test")
 
     def test_1_case(self) -> None:
         note(f"case.{self.rank}", str(os.getpid()))
         dist.all_reduce(torch.ones(1), group=self.pg)
+
+
+class FakeGroup(FSDPTest):
+    """Upstream's `fake_pg = True`: every rank's default group is on the fake backend."""
+
+    fake_pg = True
+
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def test_backend(self) -> None:
+        assert dist.get_backend() == "fake", dist.get_backend()
+        dist.all_reduce(torch.ones(1))  # communicates nothing, returns at once

@@ -45,11 +45,10 @@ class _CleanStart(MultiProcContinuousTest):
 class LeakEveryKind(_CleanStart):
     check_generator_leaks = True
 
-    def setUp(self) -> None:
-        super().setUp()
-        if self.rank >= 0:
-            self.assert_clean()
-            _record_pid(self)
+    def _rank_set_up(self) -> None:  # in each rank before each test (setUp: the parent's)
+        super()._rank_set_up()
+        self.assert_clean()
+        _record_pid(self)
 
     def test_01_environ(self) -> None:
         os.environ["LEAKED_VAR"] = "1"
@@ -92,10 +91,9 @@ class LeakOptedOut(_CleanStart):
 
     skip_leak_checks = ("environ", "default_dtype")
 
-    def setUp(self) -> None:
-        super().setUp()
-        if self.rank >= 0:
-            _record_pid(self)
+    def _rank_set_up(self) -> None:  # in each rank before each test (setUp: the parent's)
+        super()._rank_set_up()
+        _record_pid(self)
 
     def test_1_leaks_what_is_not_checked(self) -> None:
         os.environ["LEAKED_VAR"] = "1"

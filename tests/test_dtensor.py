@@ -46,7 +46,6 @@ from harness.kit.dtensor import (
     with_comms,
     with_temp_dir,
 )
-from harness.process.case import MAIN_PROCESS_RANK
 from tests.upstream_style.dtensor_driver import rewrite_for_upstream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,10 +105,8 @@ class TestDTensorBase(DTensorTestBase):
         dist.barrier()
         self.assertEqual(sorted(os.listdir(self.temp_dir)), ["rank0", "rank1"])
 
-    def tearDown(self) -> None:
-        super().tearDown()
-        if self.rank == MAIN_PROCESS_RANK:
-            return
+    def _rank_tear_down(self) -> None:  # each rank, after the test (tearDown: the parent's)
+        super()._rank_tear_down()
         self.assertFalse(dist.is_initialized(), "with_comms left the group behind")
         if self.rank == 0 and hasattr(self, "temp_dir"):
             self.assertFalse(os.path.exists(self.temp_dir), "with_temp_dir left its dir behind")

@@ -49,10 +49,9 @@ class TestFSDPTestBase(FSDPTest):
         self.assertEqual(dist.get_world_size(self.process_group), 2)
         self.assertEqual(dist.get_process_group_ranks(self.process_group), [0, 1])
 
-    def tearDown(self) -> None:
-        super().tearDown()
-        if self.rank != MAIN_PROCESS_RANK:
-            self.assertFalse(dist.is_initialized(), "the group outlived the test")
+    def _rank_tear_down(self) -> None:  # each rank, after the test (tearDown: the parent's)
+        super()._rank_tear_down()
+        self.assertFalse(dist.is_initialized(), "the group outlived the test")
 
 
 @pytest.mark.slow

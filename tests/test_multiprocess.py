@@ -80,7 +80,8 @@ class FaultTestBase(unittest.TestCase):
         with mock.patch.dict(os.environ, env or {}):
             case.run(result)
         self.assertEqual(result.testsRun, 1)
-        self.assertEqual(result.errors, [], "the harness itself raised")
+        harness_errors = [text for _, text in result.errors if "RankError: " not in text]
+        self.assertEqual(harness_errors, [], "the harness itself raised")
         self.addCleanup(self._assert_private_dir_removed, case)
         return case, result
 
@@ -89,9 +90,12 @@ class FaultTestBase(unittest.TestCase):
             self.assertFalse(os.path.exists(os.path.dirname(case.file_name)))
 
     def failure_of(self, cls: type, name: str) -> str:
+        """The report of a test that failed or errored (a rank's exception other than an
+        assertion's is an error, as unittest's)."""
         _, result = self.run_case(cls, name)
-        self.assertEqual(len(result.failures), 1, result.failures)
-        return result.failures[0][1]
+        reported = result.failures + result.errors
+        self.assertEqual(len(reported), 1, reported)
+        return reported[0][1]
 
     def noted(self, name: str) -> str:
         with open(os.path.join(self.fault_dir, name)) as f:
@@ -108,8 +112,11 @@ class TestOutcomes(FaultTestBase):
         self.assertTrue(all(r.duration > 0 for r in case.rank_records), case.rank_records)
 
     def test_exception_on_one_rank(self) -> None:
-        message = self.failure_of(fault_cases.Failing, "test_raise_on_rank_1")
-        self.assertIn("AssertionError: rank 1 raised", message)
+        _, result = self.run_case(fault_cases.Failing, "test_raise_on_rank_1")
+        self.assertEqual(result.failures, [])  # a ValueError is an error, as unittest's
+        message = result.errors[0][1]
+        self.assertIn("RankError: rank 1 raised", message)
+        self.assertNotIn("harness", message.split("rank 1 raised:")[1])  # no harness frames
         self.assertIn('fault_cases.py", line', message)
         self.assertIn("ValueError: boom from rank 1", message)
         self.assertNotIn("rank 0 raised", message)
@@ -144,7 +151,7 @@ class TestOutcomes(FaultTestBase):
     def test_fail_fast_stops_other_ranks(self) -> None:
         # Rank 1 would sleep 600 s (timeout 60 s): it must be stopped once rank 0 failed.
         message = self.failure_of(fault_cases.Failing, "test_fail_fast")
-        self.assertIn("AssertionError: rank 0 raised", message)
+        self.assertIn("RankError: rank 0 raised", message)
         self.assertIn("ValueError: rank 0 gives up early", message)
         self.assertIn("rank 1 was still running and was stopped", message)
         self.assertIn("in sleep_a_long_time", message)

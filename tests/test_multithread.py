@@ -81,7 +81,7 @@ class TestOutcomes(TestCase):
             dist.all_reduce(torch.ones(2))  # would wait for rank 1 forever
 
         result, _ = run_case(thread_case(3, test_body=test_body), "test_body")
-        self.assertEqual(len(result.failures), 1)
+        self.assertEqual(len(result.errors), 1)  # a ValueError: an error, as unittest's
         text = messages(result)[0]
         self.assertIn("rank 1 raised", text)
         self.assertIn("ValueError: boom-42", text)

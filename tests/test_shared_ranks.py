@@ -78,10 +78,12 @@ class SharedCaseTest(unittest.TestCase):
                     found.append(int(f.read()))
         return found
 
-    def failure_of(self, name: str) -> str:
-        outcomes, _ = self.run_class(name)
-        kind, message = outcomes["test_1_case"]
-        self.assertEqual(kind, "failed", message)
+    def failure_of(self, name: str, kind: str = "failed") -> str:
+        """The report of test_1_case, which failed (or, `kind="error"`, errored: a rank's
+        exception other than an assertion's is an error, as unittest's)."""
+        outcomes, _ = self.run_class(name, errors=int(kind == "error"))
+        found, message = outcomes["test_1_case"]
+        self.assertEqual(found, kind, message)
         return message
 
 
@@ -93,14 +95,14 @@ class TestSharedOutcomes(SharedCaseTest):
         self.assertEqual(self.pids("case"), self.pids("after"), "each test got new ranks")
 
     def test_exception_on_one_rank(self) -> None:
-        message = self.failure_of("SharedRaiseOnRank1")
-        self.assertIn("AssertionError: rank 1 raised", message)
+        message = self.failure_of("SharedRaiseOnRank1", "error")
+        self.assertIn("RankError: rank 1 raised", message)
         self.assertIn('fault_cases.py", line', message)
         self.assertIn("ValueError: boom from rank 1", message)
         self.assertNotIn("rank 0 raised", message)
 
     def test_exception_on_all_ranks(self) -> None:
-        message = self.failure_of("SharedRaiseOnAll")
+        message = self.failure_of("SharedRaiseOnAll", "error")
         for rank in (0, 1):
             self.assertIn(f"rank {rank} raised:", message)
             self.assertIn(f"ValueError: boom from rank {rank}", message)
@@ -119,7 +121,7 @@ class TestSharedOutcomes(SharedCaseTest):
         self.assertNotIn("Extension modules", message)
 
     def test_fail_fast_stops_the_other_rank(self) -> None:
-        message = self.failure_of("SharedFailFast")
+        message = self.failure_of("SharedFailFast", "error")
         self.assertIn("ValueError: rank 0 gives up early", message)
         self.assertIn("rank 1 was still running and was stopped", message)
         self.assertIn("in sleep_a_long_time", message)
@@ -134,7 +136,7 @@ class TestSharedOutcomes(SharedCaseTest):
             self.assertIn("in hang_forever", stack.split("---", 1)[0])
 
     def test_output_of_the_test_in_its_report(self) -> None:
-        message = self.failure_of("SharedOutput")
+        message = self.failure_of("SharedOutput", "error")
         for rank in (0, 1):
             self.assertIn(f"[rank {rank}] stdout line of rank {rank}", message)
             self.assertIn(f"[rank {rank}] fd 2 line of rank {rank}", message)

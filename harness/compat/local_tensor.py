@@ -81,10 +81,13 @@ def register_fake_backend() -> None:
     )
 
 
-def init_fake_process_group(world_size: int) -> Any:
-    """A default group of `world_size` ranks, this process as rank 0, that communicates nothing."""
+def init_fake_process_group(world_size: int, rank: int = 0) -> Any:
+    """A default group of `world_size` ranks, this process as `rank`, that communicates nothing
+    (also upstream's `fake_pg=True` ranks)."""
     register_fake_backend()
-    dist.init_process_group(FAKE_BACKEND, rank=0, world_size=world_size, store=dist.HashStore())
+    dist.init_process_group(
+        FAKE_BACKEND, rank=rank, world_size=world_size, store=dist.HashStore()
+    )
     return dist.group.WORLD
 
 

@@ -34,7 +34,7 @@ from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
 from harness.skips import TEST_SKIPS, accelerators_suffice, skip_if_lt_x_gpu
 from harness.testcase import TestCase
-from harness.threads.case import MAIN_THREAD_RANK, MultiThreadedTestCase
+from harness.threads.case import MultiThreadedTestCase
 
 DEFAULT_WORLD_SIZE = 4
 ACCELERATOR_BACKENDS = ("nccl", "xccl", "hccl")
@@ -127,6 +127,10 @@ class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
     @property
     def world_size(self) -> int:
         return num_devices()
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()  # as upstream's: the rest of a subclass's setUp is the parent's
 
     @property
     def backend(self) -> str:
@@ -289,13 +293,13 @@ class DTensorOpTestBase(MultiThreadedTestCase):
         return init_device_mesh(self.device_type, (self.world_size,))
 
     def setUp(self) -> None:
-        if self._thread_rank == MAIN_THREAD_RANK:
-            # Rank threads propagate shardings concurrently: give the propagator a real lock
-            # before they start, and the original back when the test ends.
-            guard = compat_local_tensor.thread_safe_sharding_propagation()
-            guard.__enter__()
-            self.addCleanup(guard.__exit__, None, None, None)
         super().setUp()
+        # Rank threads propagate shardings concurrently: give the propagator a real lock
+        # before they start, and the original back when the test ends.
+        guard = compat_local_tensor.thread_safe_sharding_propagation()
+        guard.__enter__()
+        self.addCleanup(guard.__exit__, None, None, None)
+        self._spawn_threads()  # as upstream's: the rest of a subclass's setUp is the parent's
 
 
 class DTensorConverter:
@@ -613,13 +617,12 @@ class _LocalRanksMixin:
         """Every rank is simulated by one run of the test in this process."""
         return SimulatedRanks()
 
-    def _local_set_up(self) -> None:
+    def _rank_set_up(self) -> None:
         """In the instance that simulates the ranks: LocalTensor's process-wide settings."""
-        if self.rank_context is None:  # type: ignore[attr-defined]
-            return
         compat_local_tensor.set_record_function_enabled(False)
         self.addCleanup(compat_local_tensor.set_record_function_enabled, True)  # type: ignore[attr-defined]
         self.addCleanup(compat_local_tensor.reset_dtensor_rng_tracker)  # type: ignore[attr-defined]
+        super()._rank_set_up()  # type: ignore[misc]
 
     def build_device_mesh(self) -> DeviceMesh:
         with compat_local_tensor.maybe_disable_local_tensor_mode():
@@ -647,17 +650,9 @@ class _LocalGroupPerTest:
 class LocalDTensorTestBase(_LocalRanksMixin, _LocalGroupPerTest, DTensorTestBase):
     """DTensorTestBase with every rank simulated in this process (no rank processes)."""
 
-    def setUp(self) -> None:
-        super().setUp()
-        self._local_set_up()
-
 
 class LocalDTensorOpTestBase(_LocalRanksMixin, _LocalGroupPerTest, DTensorOpTestBase):
     """DTensorOpTestBase with every rank simulated in this process (no rank threads)."""
-
-    def setUp(self) -> None:
-        super().setUp()
-        self._local_set_up()
 
 
 class LocalDTensorContinuousTestBase(_LocalRanksMixin, DTensorContinuousTestBase):
@@ -669,18 +664,17 @@ class LocalDTensorContinuousTestBase(_LocalRanksMixin, DTensorContinuousTestBase
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
-        compat_local_tensor.init_fake_process_group(cls.world_size)
+        cls.pg = compat_local_tensor.init_fake_process_group(cls.world_size)
 
     @classmethod
     def tearDownClass(cls) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        cls.pg = None
         super().tearDownClass()
 
     def setUp(self) -> None:
         TestCase.setUp(self)  # no rank processes and no per-test group: the class has one
-        self._start_ranks()
-        self._local_set_up()
 
     def tearDown(self) -> None:
         TestCase.tearDown(self)

@@ -29,9 +29,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness import devices
 from harness.compat import fsdp1
+from harness.compat import local_tensor as compat_local_tensor
 from harness.kit.fsdp_helpers import _zero_model, get_full_params
 from harness.kit.models import DEVICEInitMode, FSDPInitMode, fsdp_kwargs_for_device
-from harness.process.case import MAIN_PROCESS_RANK, MultiProcessTestCase
+from harness.process.case import MultiProcessTestCase
 from harness.skips import require_accelerator_per_rank
 from harness.threads.case import MultiThreadedTestCase
 from harness.threads.world import RankReleased
@@ -325,25 +326,34 @@ class FSDPTest(FSDPTestMixin, _RankDevice, MultiProcessTestCase):
 
     def setUp(self) -> None:
         super().setUp()
-        if self.rank == MAIN_PROCESS_RANK:
-            return
+        self._spawn_processes()  # as upstream's: the rest of a subclass's setUp is the parent's
+
+    def _rank_set_up(self) -> None:
+        """In a rank, before the test method: the default group (upstream's fake backend when
+        the class sets `fake_pg`), the rank's device, a barrier; then the seeding."""
         device = self.device
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(
-            backend=devices.backend_for(self.device_type),
-            init_method=self.init_method,
-            rank=self.rank,
-            world_size=self.world_size,
-        )
+        if getattr(self, "fake_pg", False):
+            compat_local_tensor.init_fake_process_group(self.world_size, rank=self.rank)
+        elif not dist.is_initialized():  # a suite's own `_run` may have made it already
+            dist.init_process_group(
+                backend=devices.backend_for(self.device_type),
+                init_method=self.init_method,
+                rank=self.rank,
+                world_size=self.world_size,
+            )
         dist.barrier()
+        super()._rank_set_up()
 
-    def tearDown(self) -> None:
-        if self.rank != MAIN_PROCESS_RANK and dist.is_initialized():
-            if not self._rank_failed():  # a failed rank's peers may be stuck elsewhere
+    def _rank_tear_down(self) -> None:
+        """In a rank, after the test method: a barrier (unless this rank failed: its peers
+        may be stuck elsewhere), then the group's destruction."""
+        if dist.is_initialized():
+            if not self._rank_failed():
                 dist.barrier()
             dist.destroy_process_group()
-        super().tearDown()
+        super()._rank_tear_down()
 
 
 class FSDPTestMultiThread(_RankDevice, MultiThreadedTestCase):
@@ -357,6 +367,10 @@ class FSDPTestMultiThread(_RankDevice, MultiThreadedTestCase):
     """
 
     world_size: int = BaseWorldSize(per_device=True)  # type: ignore[assignment]
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_threads()  # as upstream's: the rest of a subclass's setUp is the parent's
 
     def _init_rank_thread(self) -> None:
         super()._init_rank_thread()

@@ -1,16 +1,20 @@
 """RankedTestCase: what every multi-rank case shares, whichever launcher runs its ranks.
 
-A test of a multi-rank class exists twice. The instance the test runner holds supervises:
-its setUp checks the class can run (requirements, world size, timeout) and has the class's
-launcher (`make_launcher()`) start the ranks; its test method joins them and turns their
-records into the test's outcome (harness/launch/verdict.py). Each rank runs its own
-instance, which the launcher hands a RankContext (`attach_rank`) before running it; there
-the test method is the test's body. Modes differ only in their launcher and in what a rank
-needs attached, so a new mode is a new Launcher, not a new copy of this.
+A test of a multi-rank class exists twice, with upstream's lifecycle. The instance the test
+runner holds supervises: its setUp, tearDown and cleanups run once, here; the class's
+launcher (`make_launcher()`) starts the ranks when setUp calls upstream's `_spawn_processes()`
+/ `_spawn_threads()` (or, if it does not, when the test method begins), so the ranks see the
+environment setUp prepared; the test method joins them and turns their records into the
+test's outcome (harness/launch/verdict.py). Each rank runs its own instance, which the
+launcher hands a RankContext (`attach_rank`): there only the test method runs, between the
+base's own rank set-up and tear-down (`_rank_set_up`, `_rank_tear_down`: FSDPTest's group,
+a thread's `perThreadSetUp`), never the class's setUp or tearDown. Modes differ only in
+their launcher and in what a rank needs attached, so a new mode is a new Launcher.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from typing import Any, List, Optional, Tuple
@@ -21,8 +25,9 @@ from harness.launch.launcher import Launcher
 from harness.launch.report import RankRecord
 from harness.launch.routing import route_test_method
 from harness.launch.verdict import apply_verdict, decide
+from harness.skip_codes import SKIP_BY_EXIT_CODE
 from harness.skips import check_case_requirements
-from harness.testcase import TestCase
+from harness.testcase import TestCase, current_seed, seed_everything
 from harness.world_size import BaseWorldSize, fix_world_size, world_size_of, wrap_world_size
 
 # unittest and pytest hide frames of modules that define these, as unittest does for its
@@ -64,9 +69,11 @@ class RankedTestCase(TestCase):
     ) -> None:
         # Both spellings, as upstream: unittest's `methodName` wins when given.
         super().__init__(methodName if methodName != "runTest" else method_name)
-        self.rank = SUPERVISOR_RANK
+        assign(self, "rank", SUPERVISOR_RANK)
         self.rank_records: List[RankRecord] = []
+        self.ranks_timed_out_after: Optional[float] = None  # with rank_records: the timeout hit
         self._launcher: Optional[Launcher] = None
+        self._exited_early = False  # in a rank: its test method called sys.exit(0)
         route_test_method(self, self._join_ranks)
 
     @property
@@ -80,7 +87,8 @@ class RankedTestCase(TestCase):
 
     def setUp(self) -> None:
         super().setUp()
-        self._start_ranks()
+        # A test that cannot run here skips before the rest of the class's setUp.
+        self.checked_rank_settings()
 
     def checked_rank_settings(self) -> Tuple[int, float]:
         """(world_size, timeout), checked before any rank starts: unmet requirements and a world
@@ -104,19 +112,24 @@ class RankedTestCase(TestCase):
             raise
 
     def _join_ranks(self) -> None:
-        """The supervisor's test method: wait for the ranks, report their verdict."""
+        """The supervisor's test method: start the ranks unless setUp did, wait for them,
+        report their verdict."""
+        self._start_ranks()
         launcher = self._launcher
-        if launcher is None:
-            raise RuntimeError(
-                f"{type(self).__name__}.setUp did not start the ranks: call super().setUp()"
-            )
+        assert launcher is not None
         self._meet_deadline()
         try:
             records, timed_out_after = launcher.join(self)
         finally:  # on KeyboardInterrupt too: nothing a test started outlives it
             launcher.close()
         self.rank_records = records
-        apply_verdict(self, decide(records, timed_out_after))
+        self.ranks_timed_out_after = timed_out_after
+        self._judge_ranks()
+
+    def _judge_ranks(self) -> None:
+        """Turn `rank_records` into the test's outcome (process cases add upstream's
+        return-code API around it)."""
+        apply_verdict(self, decide(self.rank_records, self.ranks_timed_out_after))
 
     def _meet_deadline(self) -> None:
         """Cap the timeout so that the ranks are stopped and reported before `deadline`."""
@@ -130,9 +143,55 @@ class RankedTestCase(TestCase):
         """Make this instance the rank `context` describes (the launcher calls it before
         running the case); subclasses add what their ranks need."""
         self.rank_context = context
-        self.rank = context.rank
+        assign(self, "rank", context.rank)
         fix_world_size(self, context.world_size)
+
+    # --- in a rank: unittest's run, with the rank's own set-up instead of the class's --------
+    def _rank_set_up(self) -> None:
+        """In a rank, in place of setUp: what upstream's ranks do before the test method
+        (seed, as its `run_test`); bases add their group."""
+        seed_everything(current_seed())
+
+    def _rank_tear_down(self) -> None:
+        """In a rank, in place of tearDown: what the base undoes after the test method."""
+
+    def _callSetUp(self) -> None:  # noqa: N802 - unittest's hook
+        if self.rank_context is None:
+            super()._callSetUp()
+        else:
+            self._rank_set_up()
+
+    def _callTestMethod(self, method: Any) -> None:  # noqa: N802 - unittest's hook
+        if self.rank_context is None:
+            super()._callTestMethod(method)
+            return
+        try:
+            super()._callTestMethod(method)
+        except SystemExit as exit_:
+            # Upstream's rank process just ends, with that exit code (0: a pass), without
+            # the base's tear-down: so does this rank. A skip code is unittest's skip.
+            code = exit_.code
+            if code not in (0, None) and (type(code) is not int or code in SKIP_BY_EXIT_CODE):
+                raise
+            self._exited_early = True
+            if code:
+                self.rank_context.result.add_exit(code)
+
+    def _callTearDown(self) -> None:  # noqa: N802 - unittest's hook
+        if self.rank_context is None:
+            super()._callTearDown()
+        elif not self._exited_early:
+            self._rank_tear_down()
 
     def _rank_failed(self) -> bool:
         """In a rank: whether this test already failed here, so peers may be out of step."""
         return self.rank_context is not None and self.rank_context.failed
+
+
+def assign(case: Any, name: str, value: Any) -> None:
+    """Set `case.name`, unless its class defines `name` as a read-only property (upstream's
+    own bases do for `init_method`, suites for `world_size` or `rank`): that one wins."""
+    declared = inspect.getattr_static(type(case), name, None)
+    if isinstance(declared, property) and declared.fset is None:
+        return
+    setattr(case, name, value)

@@ -16,7 +16,13 @@ from typing import Any, List, Optional, Tuple
 
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher
-from harness.launch.report import Event, RankRecord, RecordSink, ReportingResult, format_error
+from harness.launch.report import (
+    Event,
+    RankRecord,
+    RecordSink,
+    ReportingResult,
+    failure_event,
+)
 
 
 def run_rank_here(case: Any, rank: int, world_size: int, **context: Any) -> RankRecord:
@@ -32,7 +38,7 @@ def run_rank_here(case: Any, rank: int, world_size: int, **context: Any) -> Rank
         rank_case = type(case)(case._testMethodName)
         rank_case.attach_rank(rank_context)
     except Exception:
-        sink.send(Event("failure", format_error(sys.exc_info())))
+        sink.send(failure_event(sys.exc_info()))
     else:
         rank_case.run(rank_context.result)
     sink.send(Event("done", count=rank_context.grid_points))

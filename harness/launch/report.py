@@ -18,7 +18,7 @@ import time
 import traceback
 import unittest
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from harness.launch.collective_trace import CollectiveCall
 from harness.skip_codes import SKIP_BY_EXIT_CODE
@@ -29,9 +29,11 @@ ExcInfo = Tuple[Any, Any, Any]
 class Event(NamedTuple):
     """One report from a rank: what unittest told the rank's result object, made picklable.
 
-    kind: "success", "failure" (text: traceback), "skip" (text: reason), "expected_failure"
-    (text: traceback), "unexpected_success", "subtest" (params, status pass/fail/skip, text),
-    "done" (count: grid points the rank ran).
+    kind: "success", "failure" (text: traceback; status "error" when the exception was not an
+    assertion's, as unittest tells errors from failures), "skip" (text: reason),
+    "expected_failure" (text: traceback), "unexpected_success", "subtest" (params, status
+    pass/fail/skip, text), "exit" (count: the code the test passed to sys.exit, upstream's
+    exit code of the rank), "done" (count: grid points the rank ran).
     """
 
     kind: str
@@ -100,15 +102,35 @@ class RankRecord:
             return SKIP_BY_EXIT_CODE[self.exitcode].message
         return None
 
-    def problems(self) -> List[str]:
-        """Each way this rank failed, as 'rank N ...' text; empty when it did not fail."""
+    def test_exit_code(self) -> Optional[int]:
+        """The code the test gave sys.exit in this rank (other than 0 or a skip), if it did."""
+        return next((e.count for e in self.events if e.kind == "exit"), None)
+
+    def raised_error(self) -> bool:
+        """Whether the first exception this rank reported was an error, not an assertion's."""
+        raised = [e for e in self.events if e.kind in ("failure", "expected_failure")]
+        return bool(raised) and raised[0].status == "error"
+
+    def problems(self, exit_accepted: Optional[Callable[[int, int], bool]] = None) -> List[str]:
+        """Each way this rank failed, as 'rank N ...' text; empty when it did not fail.
+
+        `exit_accepted(rank, exitcode)` says which exits the test expects (upstream's
+        `special_return_code_checks`, `skip_return_code_checks`): those are no problem.
+        """
         found = [
             f"rank {self.rank} raised:\n{e.text.rstrip()}"
             for e in self.events
             if e.kind in ("failure", "expected_failure")
         ]
+        code = self.test_exit_code()
+        if code is not None:  # the test ended with sys.exit(code): the process's exit, upstream
+            if exit_accepted is None or not exit_accepted(self.rank, code):
+                found.append(f"rank {self.rank} exited with code {code} (sys.exit in its test)")
+            return found
         if self.stopped or self.exitcode is None or self.exitcode in SKIP_BY_EXIT_CODE:
             return found  # a skip code is decided by skip_reason()
+        if exit_accepted is not None and exit_accepted(self.rank, self.exitcode):
+            return found
         if self.exitcode < 0:
             found.append(f"rank {self.rank} died by signal {signal_name(-self.exitcode)}")
         elif self.exitcode != 0:
@@ -196,6 +218,14 @@ def format_error(exc_info: ExcInfo) -> str:
     return "".join(traceback.format_exception(exctype, value, tb))
 
 
+def failure_event(exc_info: ExcInfo) -> Event:
+    """An exception a rank raised outside unittest's own handling, as its event: an
+    AssertionError is a failure, anything else an error (unittest's distinction)."""
+    exctype = exc_info[0]
+    status = "" if exctype is not None and issubclass(exctype, AssertionError) else "error"
+    return Event("failure", format_error(exc_info), status=status)
+
+
 def skip_exit_reason(exc_info: ExcInfo) -> Optional[str]:
     """The TEST_SKIPS message when the error is `sys.exit(code)` with a skip code, else None."""
     exctype, value, _ = exc_info
@@ -234,7 +264,8 @@ class ReportingResult(unittest.TestResult):
         if skip is not None:
             self.addSkip(test, skip)
         else:
-            self.addFailure(test, err)
+            self.failed = True
+            self._sink.send(Event("failure", format_error(err), status="error"))
 
     def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
         if getattr(test, "test_case", None) is not None:  # a skipped grid point (subTest)
@@ -260,6 +291,11 @@ class ReportingResult(unittest.TestResult):
     def addUnexpectedSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802
         self._sink.send(Event("unexpected_success"))
 
+    def add_exit(self, code: int) -> None:
+        """The test called sys.exit(code) in this rank (upstream: its process's exit code)."""
+        self.failed = True
+        self._sink.send(Event("exit", count=code))
+
 
 def _params_of(subtest: Any) -> Dict[str, Any]:
     return picklable_params(dict(getattr(subtest, "params", {}) or {}))
@@ -275,11 +311,11 @@ class RecordSink:
     def send(self, event: Event) -> None:
         if self.record.stopped and event.kind != "done":
             return  # the fallout of being stopped; the stack taken before says more
-        if event.kind in ("failure", "expected_failure"):
+        if event.kind in ("failure", "expected_failure", "exit"):
             self.record.problem_at = min(self.record.problem_at, time.monotonic())
         self.record.events.append(event)
 
     @property
     def failed(self) -> bool:
         """Whether the rank reported a failure of the test (grid points aside)."""
-        return any(e.kind in ("failure", "expected_failure") for e in self.record.events)
+        return any(e.kind in ("failure", "expected_failure", "exit") for e in self.record.events)

@@ -10,7 +10,7 @@ be read, and tested, in one place.
 from __future__ import annotations
 
 import unittest
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from harness.launch import stacks
 from harness.launch.collective_trace import collectives_section, disagreement, waiting_in
@@ -39,6 +39,14 @@ class RankReport(NamedTuple):
     hang: bool = False  # the test timed out: `frames` are where the rank waits
 
 
+ExitAccepted = Callable[[int, int], bool]
+
+
+class RankError(RuntimeError):
+    """A rank raised an exception other than an assertion's: the test is an error, as
+    unittest reports such an exception in a single process (upstream raises RuntimeError)."""
+
+
 class SubtestVerdict(NamedTuple):
     """One grid point, merged over ranks: fail if any rank failed it, skip if every rank did."""
 
@@ -49,7 +57,7 @@ class SubtestVerdict(NamedTuple):
 
 
 class Verdict(NamedTuple):
-    kind: str  # "pass" | "fail" | "skip"
+    kind: str  # "pass" | "fail" | "error" | "skip"
     message: str
     subtests: List[SubtestVerdict]
     grid_points: int
@@ -103,11 +111,13 @@ def is_consequence(text: str) -> bool:
     return any(marker in text for marker in CONSEQUENCE_MARKERS)
 
 
-def problems_of(record: RankRecord) -> List[Problem]:
+def problems_of(
+    record: RankRecord, exit_accepted: Optional[ExitAccepted] = None
+) -> List[Problem]:
     """The record's problems, each split into head, exception line and detail."""
     found = []
     crashed = record.exitcode is not None and record.exitcode < 0 and not record.stopped
-    for text in record.problems():
+    for text in record.problems(exit_accepted):
         head, _, detail = text.partition("\n")
         head = head.rstrip(":")
         exception = stacks.exception_text(detail) if detail else ""
@@ -117,26 +127,36 @@ def problems_of(record: RankRecord) -> List[Problem]:
     return found
 
 
-def ordered_problems(failing: List[RankRecord]) -> List[Problem]:
+def ordered_problems(
+    failing: List[RankRecord], exit_accepted: Optional[ExitAccepted] = None
+) -> List[Problem]:
     """Every problem, the cause first: a rank that failed on its own before any rank that
     failed as a consequence of it (which stay labelled so); by time seen, then rank."""
-    problems = [p for r in failing for p in problems_of(r)]
+    problems = [p for r in failing for p in problems_of(r, exit_accepted)]
     causes = [p for p in problems if not p.consequence]
     if not causes:  # every failure looks like a consequence: nothing to blame but the first
         return [p._replace(consequence=False) for p in problems]
     return causes + [p for p in problems if p.consequence]
 
 
-def decide(records: List[RankRecord], timed_out_after: Optional[float]) -> Verdict:
-    """The test's outcome from every rank's record, by DESIGN.md's rules."""
+def decide(
+    records: List[RankRecord], timed_out_after: Optional[float],
+    exit_accepted: Optional[ExitAccepted] = None,
+) -> Verdict:
+    """The test's outcome from every rank's record, by DESIGN.md's rules.
+
+    `exit_accepted(rank, exitcode)` names exits the test expects (no problem then).
+    """
     subtests = merge_subtests(records)
     grid_points = max((r.grid_points for r in records), default=0)
-    failing = sorted((r for r in records if r.failed), key=lambda r: (r.problem_at, r.rank))
+    failing = sorted(
+        (r for r in records if r.problems(exit_accepted)), key=lambda r: (r.problem_at, r.rank)
+    )
     if timed_out_after is not None:
         running = [r for r in records if r.stopped]
         names = ", ".join(f"rank {r.rank}" for r in running)
         head = f"timed out after {timed_out_after:g} s with {names} still running"
-        problems = ordered_problems(failing)
+        problems = ordered_problems(failing, exit_accepted)
         collectives = ranks_collectives(running)
         first, blamed = hung_first(running)
         if blamed:
@@ -154,7 +174,7 @@ def decide(records: List[RankRecord], timed_out_after: Optional[float]) -> Verdi
         )
         return Verdict("fail", report(head, sections, records), subtests, grid_points, lead)
     if failing:
-        problems = ordered_problems(failing)
+        problems = ordered_problems(failing, exit_accepted)
         head = "; ".join(p.headline() for p in problems)
         stopped = [r for r in records if r.stopped]
         sections = [p.section() for p in problems if p.detail]
@@ -171,7 +191,11 @@ def decide(records: List[RankRecord], timed_out_after: Optional[float]) -> Verdi
             rest + [titled(s[1]) for s in sections if not s[0]] + stopped_parts,
         )
         message = report(head, sections + stopped_parts, records)
-        return Verdict("fail", message, subtests, grid_points, lead)
+        # The rank named first decides, as unittest would in that rank: an exception other
+        # than an assertion's is an error; a crash, a signal or an exit code is a failure.
+        raised = lead_problem.head == f"rank {lead_problem.rank} raised"
+        errored = raised and any(r.rank == lead_problem.rank and r.raised_error() for r in failing)
+        return Verdict("error" if errored else "fail", message, subtests, grid_points, lead)
     reasons = [reason for reason in (r.skip_reason() for r in records) if reason is not None]
     if reasons:
         return Verdict("skip", reasons[0], subtests, grid_points)
@@ -293,6 +317,8 @@ def apply_verdict(case: unittest.TestCase, verdict: Verdict) -> None:
                 raise unittest.SkipTest(point.text)
     if verdict.kind == "fail":
         raise with_report(case.failureException(verdict.message), verdict.lead)
+    if verdict.kind == "error":
+        raise with_report(RankError(verdict.message), verdict.lead)
     if verdict.kind == "skip":
         raise unittest.SkipTest(verdict.message)
 

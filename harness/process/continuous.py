@@ -156,12 +156,12 @@ class MultiProcContinuousTest(MultiProcessTestCase):
 
     # -- in a rank without the class's group (torchrun): a group for this test alone --------
 
-    def setUp(self) -> None:
+    def _rank_set_up(self) -> None:
         context = self.rank_context
         if context is not None and type(self).pg is None:
             type(self)._shared_rank_start(context.rank, context.world_size, context.init_method)
-            self.addCleanup(self._destroy_test_group)  # the last cleanup: after tearDown's
-        super().setUp()
+            self.addCleanup(self._destroy_test_group)  # the last cleanup
+        super()._rank_set_up()
 
     def _destroy_test_group(self) -> None:
         if dist.is_initialized():

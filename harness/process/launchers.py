@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, List, Optional, Tuple
 
 from harness import devices
+from harness.launch.case import assign
 from harness.launch.launcher import Launcher
 from harness.launch.report import RankRecord
 from harness.process import shared as shared_ranks
@@ -43,8 +44,7 @@ class FreshProcesses(Launcher):
         _check_importable(case)
         group = RankGroup(case.world_size)
         self._group, self._case = group, case
-        case.file_name = group.file_name
-        case.init_method = f"file://{group.file_name}"
+        assign(case, "file_name", group.file_name)  # init_method derives from it
         group.start(type(case), case._testMethodName)
         case.processes = group.processes
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing import parent_process
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -38,7 +38,12 @@ from harness.compat import cpu_defaults as compat_cpu_defaults
 from harness.compat import flight_recorder as compat_flight_recorder
 from harness.devices import DEBUG_RANK_ENV
 from harness.launch.context import RankContext
-from harness.launch.report import Event, ReportingResult, format_error, skip_exit_reason
+from harness.launch.report import (
+    Event,
+    ReportingResult,
+    failure_event,
+    skip_exit_reason,
+)
 from harness.process import assert_rewrite, leaks
 from harness.testcase import current_seed
 
@@ -62,18 +67,55 @@ class RankSpec:
     temp_dir: str
     threads: int
     env: Dict[str, str]
+    fake_pg: bool = False  # upstream's `fake_pg` of the class: its ranks use the fake backend
 
 
 def main(spec: RankSpec, channel: Connection) -> None:
-    """Entry point of a rank process: run the test once and exit without interpreter teardown."""
+    """Entry point of a rank process: run the test once and exit without interpreter teardown.
+
+    The test runs through its class's `_run` (upstream's entry point: a suite's override
+    runs too), which builds the instance and hands it to `RankRun.run` via `run_test`.
+    """
     _set_up_process(spec)
-    result = ReportingResult(channel)
-    grid_points = _run_case(
-        lambda: load_class(spec.module, spec.qualname)(spec.method), spec, spec.file_name,
-        result, channel,
-    )
-    channel.send(Event("done", count=grid_points))
+    rank_run = RankRun(spec, spec.file_name, ReportingResult(channel), channel)
+    try:
+        cls = load_class(spec.module, spec.qualname)
+        cls._run(spec.rank, spec.method, spec.file_name, rank_run, fake_pg=spec.fake_pg)
+    except SystemExit as exit_:
+        if exit_.code not in (0, None):  # sys.exit(0) outside the test: the rank passed
+            err = sys.exc_info()
+            skip = _skip_reason(err)
+            channel.send(failure_event(err) if skip is None else Event("skip", skip))
+    except Exception:
+        channel.send(failure_event(sys.exc_info()))
+    channel.send(Event("done", count=rank_run.grid_points))
     _leave(channel)
+
+
+class RankRun:
+    """What a rank process hands its class's `_run` (upstream's `parent_pipe`): `run(case)`
+    makes `case` this rank and runs it, its events reported to the parent."""
+
+    def __init__(
+        self, spec: RankSpec, file_name: str, result: ReportingResult, channel: Connection
+    ) -> None:
+        self._spec, self._file_name, self._result, self._channel = spec, file_name, result, channel
+        self.grid_points = 0
+
+    def run(self, case: Any) -> None:
+        spec, file_name = self._spec, self._file_name
+        try:
+            context = RankContext(
+                spec.rank, spec.world_size, self._result, init_method=f"file://{file_name}",
+                file_name=file_name,
+                grid_sync=GridMeeting(f"{file_name}.grid", spec.world_size, case.grid_sync_timeout),
+            )
+            case.attach_rank(context)
+        except Exception:
+            self._channel.send(failure_event(sys.exc_info()))
+            return
+        case.run(self._result)
+        self.grid_points = context.grid_points
 
 
 @dataclass(frozen=True)
@@ -111,7 +153,7 @@ def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
     except (Exception, SystemExit):
         err = sys.exc_info()
         skip = _skip_reason(err)
-        setup_problem = Event("failure", format_error(err)) if skip is None else Event("skip", skip)
+        setup_problem = failure_event(err) if skip is None else Event("skip", skip)
     output, met, number = spec.output_path, False, 0
     while True:
         try:
@@ -159,36 +201,19 @@ def _run_shared_test(
 ) -> Tuple[bool, bool]:
     """Run one test in a shared rank (already past the meeting): whether it passed here, and
     whether it left process state behind (harness/process/leaks.py), which fails it."""
-    if "generator" in checks:  # as the test's setUp will: one that draws nothing leaves it so
+    if "generator" in checks:  # as the rank's set-up will: one that draws nothing leaves it so
         torch.default_generator.manual_seed(current_seed())
     before = leaks.snapshot(checks, cls.pg)
     result = ReportingResult(channel, hold_success=True)
-    grid_points = _run_case(lambda: cls(task.method), spec, task.file_name, result, channel)
+    rank_run = RankRun(spec, task.file_name, result, channel)
+    try:
+        rank_run.run(cls(task.method))
+    except Exception:
+        channel.send(failure_event(sys.exc_info()))
     found = leaks.leaks(before, leaks.snapshot(checks, cls.pg))
     report = [leaks.leak_event(task.method, found)] if found else []
-    channel.send([*result.held, *report, Event("done", count=grid_points)])  # one message
+    channel.send([*result.held, *report, Event("done", count=rank_run.grid_points)])  # one message
     return result.passed and not found, bool(found)
-
-
-def _run_case(
-    make_case: Callable[[], Any], spec: RankSpec, file_name: str, result: ReportingResult,
-    channel: Connection,
-) -> int:
-    """Build the rank's case, attach its RankContext and run it; a case that cannot even be
-    built is a failure. Returns how many grid points the case ran."""
-    try:
-        case = make_case()
-        context = RankContext(
-            spec.rank, spec.world_size, result, init_method=f"file://{file_name}",
-            file_name=file_name,
-            grid_sync=GridMeeting(f"{file_name}.grid", spec.world_size, case.grid_sync_timeout),
-        )
-        case.attach_rank(context)
-    except Exception:
-        channel.send(Event("failure", format_error(sys.exc_info())))
-        return 0
-    case.run(result)
-    return context.grid_points
 
 
 class GridMeeting:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 from typing import Any, Dict, List, Optional, Tuple
 
+from harness.launch.case import assign
 from harness.launch.report import RankRecord
 from harness.process import leaks
 from harness.process.supervisor import RankGroup
@@ -74,8 +75,7 @@ class SharedRanks:
     def _describe(self, case: Any) -> None:
         """`case.file_name`, `init_method` and `processes` describe the run, as in fresh mode."""
         assert self.group is not None
-        case.file_name = self.group.test_file()
-        case.init_method = f"file://{case.file_name}"
+        assign(case, "file_name", self.group.test_file())  # init_method derives from it
         case.processes = self.group.processes
 
     def _start(self, case: Any) -> RankGroup:

@@ -134,6 +134,7 @@ class RankGroup:
             temp_dir=self.temp_dir,
             threads=devices.intra_op_threads(world_size),
             env={**os.environ, **assert_rewrite.settings()},
+            fake_pg=bool(getattr(cls, "fake_pg", False)),
         )
 
     def send_test(self, method: str) -> bool:
@@ -237,7 +238,7 @@ class RankGroup:
                     self.records[rank].events.append(event)
                     if event.kind == "done":
                         self.records[rank].duration = time.monotonic() - self._began
-                    if event.kind in ("failure", "expected_failure"):
+                    if event.kind in ("failure", "expected_failure", "exit"):
                         self._note_problem(rank)
                 block = False
         except (EOFError, OSError):

@@ -3,7 +3,9 @@
 The case the test runner holds supervises (harness/launch/case.py): its launcher,
 ThreadRanks (harness/threads/launcher.py), starts one thread per rank, each running its own
 instance of the test with its own default process group on the `threaded` backend
-(harness/threads/backend.py), so setUp, subTest grids and skips work as in a single process.
+(harness/threads/backend.py), so subTest grids and skips work as in a single process; as
+upstream, setUp and tearDown run in the main thread only, `perThreadSetUp` and
+`perThreadTearDown` in each rank thread.
 Every rank's record is then turned into one outcome by the same rules as for processes
 (harness/launch/verdict.py). What this module adds is what a rank thread needs: its rank,
 its group (`_init_rank_thread`, `_finish_rank_thread`) and upstream's per-thread hooks.
@@ -18,7 +20,6 @@ import torch.distributed as dist
 
 from harness.launch.case import SUPERVISOR_RANK, RankedTestCase
 from harness.launch.launcher import Launcher
-from harness.testcase import TestCase
 from harness.threads import backend as threaded_pg
 from harness.threads import world as thread_world
 from harness.threads.launcher import ThreadRanks
@@ -31,7 +32,8 @@ class MultiThreadedTestCase(RankedTestCase):
 
     The instance the test runner holds supervises (`self.rank == MAIN_THREAD_RANK`); every
     rank thread runs its own instance, whose `self.rank` is that thread's rank and whose
-    default process group (backend `threaded`) is initialised before setUp and the body.
+    default process group (backend `threaded`) is initialised before `perThreadSetUp` and
+    the body; setUp, tearDown and cleanups run once, in the supervisor, as upstream.
     Note that torch's default random generator is shared by the threads, unlike
     processes: ranks that need identical random values should build them from an explicit
     `torch.Generator` or broadcast them.
@@ -53,25 +55,19 @@ class MultiThreadedTestCase(RankedTestCase):
         # Upstream's rank is a plain attribute; subclasses read it as `_thread_rank`.
         self._thread_rank = rank
 
-    def setUp(self) -> None:
-        if self.rank_context is None:
-            super().setUp()  # seeds the random generators, once, before any rank starts
-        else:
-            # Rank threads share the process's generators: reseeding them from every rank
-            # thread would race with ranks already drawing numbers. Skip TestCase's seeding.
-            super(TestCase, self).setUp()
-            self.perThreadSetUp()
-
-    def tearDown(self) -> None:
-        if self.rank_context is not None:
-            self.perThreadTearDown()
-        super().tearDown()
+    def _rank_set_up(self) -> None:
+        # Rank threads share the process's generators, which the supervisor's setUp seeded
+        # once: reseeding them from every rank thread would race with ranks already drawing
+        # numbers (upstream's threads do not seed either).
+        self.perThreadSetUp()
 
     def perThreadSetUp(self) -> None:  # noqa: N802 - upstream's name
-        """Upstream's hook: runs in every rank thread before the test body."""
+        """Upstream's hook: runs in every rank thread before the test body (setUp and
+        tearDown run in the main thread only)."""
 
     def perThreadTearDown(self) -> None:  # noqa: N802 - upstream's name
-        """Upstream's hook: runs in every rank thread after the test body."""
+        """Upstream's hook: runs in every rank thread after the test body, once the thread's
+        group is destroyed."""
 
     def assertEqualOnRank(  # noqa: N802 - upstream's name
         self, x: Any, y: Any, msg: Optional[str] = None, *, rank: int = 0
@@ -88,7 +84,7 @@ class MultiThreadedTestCase(RankedTestCase):
             self.assertNotEqual(x, y, msg)
 
     def _spawn_threads(self) -> None:
-        """Upstream's name for starting the ranks (setUp already does; then a no-op)."""
+        """Upstream's call in setUp: start the rank threads now (else the test method does)."""
         self._start_ranks()
 
     # --- in a rank thread (ThreadRanks calls these) -----------------------------------------
@@ -105,6 +101,8 @@ class MultiThreadedTestCase(RankedTestCase):
         )
 
     def _finish_rank_thread(self, passed: bool) -> None:
-        """After the case ran (tearDown included); `passed` if it did not fail."""
+        """After the case ran; `passed` if it did not fail. Upstream's order: the group is
+        destroyed, then `perThreadTearDown` runs."""
         if dist.is_initialized():
             dist.destroy_process_group()
+        self.perThreadTearDown()

@@ -27,7 +27,13 @@ from harness.compat import c10d_world
 from harness.launch import stacks
 from harness.launch.context import GridSync, RankContext
 from harness.launch.launcher import Launcher
-from harness.launch.report import Event, RankRecord, RecordSink, ReportingResult, format_error
+from harness.launch.report import (
+    Event,
+    RankRecord,
+    RecordSink,
+    ReportingResult,
+    failure_event,
+)
 from harness.threads import backend as threaded_pg
 from harness.threads import world as thread_world
 from harness.threads.warning_filters import per_thread_warnings
@@ -157,13 +163,13 @@ class ThreadRanks(Launcher):
             rank_case.attach_rank(context)
             rank_case._init_rank_thread()
         except BaseException:
-            sink.send(Event("failure", format_error(sys.exc_info())))
+            sink.send(failure_event(sys.exc_info()))
         try:
             if rank_case is not None and not sink.failed:
                 rank_case.run(context.result)
                 rank_case._finish_rank_thread(passed=not sink.failed)
         except BaseException:
-            sink.send(Event("failure", format_error(sys.exc_info())))
+            sink.send(failure_event(sys.exc_info()))
         finally:
             failed = sink.failed
             self.records[rank].duration = time.monotonic() - started
