@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from harness import flags
-from harness.skips import TEST_SKIPS, TEST_XPU, skip_but_pass_in_sandcastle_if
+from harness.skips import TEST_SKIPS, TEST_XPU, lazy_skip_if, skip_but_pass_in_sandcastle_if
 
 __all__ = [
     "TEST_WITH_TORCHDYNAMO", "get_required_world_size", "import_transformers_or_skip",
@@ -88,27 +88,6 @@ def rocm_arch_name() -> str:
 # ------------------------------------------------------------------ common_utils
 
 
-def _lazy_skip_if(condition: Callable[[], bool], reason: str) -> Callable[[Any], Any]:
-    """Skip a function when `condition()` holds as it runs; a class when it holds now."""
-
-    def decorator(target: Any) -> Any:
-        if isinstance(target, type):
-            if condition():
-                target.__unittest_skip__ = True
-                target.__unittest_skip_why__ = reason
-            return target
-
-        @functools.wraps(target)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if condition():
-                raise unittest.SkipTest(reason)
-            return target(*args, **kwargs)
-
-        return wrapper
-
-    return decorator
-
-
 def xfailIf(condition: Any) -> Callable[[Callable], Callable]:  # noqa: N802 - upstream's name
     """unittest.expectedFailure when `condition` holds (decided when decorating)."""
 
@@ -129,7 +108,7 @@ def skipIfTorchDynamo(  # noqa: N802 - upstream's name
     """Skip under TorchDynamo (PYTORCH_TEST_WITH_DYNAMO=1); called with a message, always."""
     if not isinstance(msg, str):
         raise AssertionError("Are you using skipIfTorchDynamo correctly?")
-    return _lazy_skip_if(lambda: TEST_WITH_TORCHDYNAMO, msg)
+    return lazy_skip_if(lambda: TEST_WITH_TORCHDYNAMO, msg)
 
 
 requires_cuda = unittest.skipUnless(torch.cuda.is_available(), "Requires CUDA")
@@ -143,7 +122,7 @@ def requires_cuda_p2p_access() -> Callable[[Any], Any]:
 
 def skipIfRocmArch(arch: Tuple[str, ...]) -> Callable[[Any], Any]:  # noqa: N802 - upstream's
     """Skip on ROCm devices of one of the gfx architectures (MI300_ARCH, ...)."""
-    return _lazy_skip_if(lambda: flags.TEST_WITH_ROCM and _rocm_arch_in(arch),
+    return lazy_skip_if(lambda: flags.TEST_WITH_ROCM and _rocm_arch_in(arch),
                          f"skipIfRocm: test skipped on {arch}")
 
 
@@ -177,14 +156,14 @@ def skipIfRocmVersionLessThan(  # noqa: N802 - upstream's name
         found = flags._get_torch_rocm_version()[:2]
         return version is None or found < tuple(version)
 
-    return _lazy_skip_if(should_skip, f"ROCm version less than {version} required")
+    return lazy_skip_if(should_skip, f"ROCm version less than {version} required")
 
 
 def skipIfXpu(  # noqa: N802 - upstream's name
     func: Optional[Callable] = None, *, msg: str = "test doesn't currently work on the XPU stack"
 ) -> Any:
     """Skip on Intel XPU machines; bare or with a message."""
-    decorator = _lazy_skip_if(lambda: TEST_XPU, f"skipIfXpu: {msg}")
+    decorator = lazy_skip_if(lambda: TEST_XPU, f"skipIfXpu: {msg}")
     return decorator(func) if func is not None else decorator
 
 

@@ -194,7 +194,7 @@ def requires_gloo() -> Callable[[Any], Any]:
     )
 
 
-def _lazy_skip_if(condition: Callable[[], bool], reason: str) -> Callable[[Any], Any]:
+def lazy_skip_if(condition: Callable[[], bool], reason: str) -> Callable[[Any], Any]:
     """Skip a function when `condition()` holds at call time, a class when it holds now."""
 
     def decorator(target: Any) -> Any:
@@ -216,13 +216,13 @@ def skipIfRocm(  # noqa: N802 - upstream's name
     func: Optional[Callable] = None, *, msg: str = "test doesn't currently work on the ROCm stack"
 ) -> Any:
     """Skip on ROCm; usable bare (`@skipIfRocm`) or with a message (`@skipIfRocm(msg=...)`)."""
-    decorator = _lazy_skip_if(lambda: TEST_WITH_ROCM, f"skipIfRocm: {msg}")
+    decorator = lazy_skip_if(lambda: TEST_WITH_ROCM, f"skipIfRocm: {msg}")
     return decorator(func) if func is not None else decorator
 
 
 def skipIfHpu(fn: Callable) -> Callable:  # noqa: N802 - upstream's name
     """Skip on Intel Gaudi (HPU) machines."""
-    return _lazy_skip_if(lambda: TEST_HPU, "test doesn't currently work with HPU")(fn)
+    return lazy_skip_if(lambda: TEST_HPU, "test doesn't currently work with HPU")(fn)
 
 
 def skip_if_rocm_multiprocess(func: Callable) -> Callable:
