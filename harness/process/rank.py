@@ -38,7 +38,7 @@ from harness.compat import cpu_defaults as compat_cpu_defaults
 from harness.compat import flight_recorder as compat_flight_recorder
 from harness.devices import DEBUG_RANK_ENV
 from harness.launch.context import RankContext
-from harness.launch.report import (
+from harness.outcome.rank_record import (
     Event,
     ReportingResult,
     failure_event,
