@@ -82,6 +82,7 @@ def junit_result_class() -> type:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.reports: List[ReportInfo] = []
+            self._by_file: Dict[str, List[ReportInfo]] = {}  # the reports of each file
 
         def write_each_test_to(self, output_dir: str, encoding: str = "UTF-8") -> None:
             """Rewrite a test's class file in `output_dir` as soon as the test finished."""
@@ -98,6 +99,7 @@ def junit_result_class() -> type:
             stderr = (self._stderr_data or "") if in_this_run else ""
             info = ReportInfo(test, report, stdout, stderr)
             self.reports.append(info)
+            self._by_file.setdefault(info.test_name, []).append(info)
             if self.output_dir is not None:
                 self._write_suite(self.output_dir, info.test_name, self.encoding)
 
@@ -116,19 +118,20 @@ def junit_result_class() -> type:
             if err is not None and self.failfast:  # xmlrunner's own addSubTest does not stop
                 self.stop()
 
+        def _testcases(self, suite: str) -> List[ReportInfo]:
+            """The testcases of file `suite`, in xmlrunner's order: by outcome, then as they
+            finished."""
+            infos = self._by_file.get(suite, [])
+            return sorted(infos, key=lambda info: OUTCOME_ORDER.index(info.report.status))
+
         def _get_info_by_testcase(self) -> Dict[str, List[ReportInfo]]:
             """The testcases of each file (what xmlrunner writes), from the reports."""
-            by_file: Dict[str, List[ReportInfo]] = {}
-            for outcome in OUTCOME_ORDER:
-                for info in self.reports:
-                    if info.report.status == outcome:
-                        by_file.setdefault(info.test_name, []).append(info)
-            return by_file
+            return {suite: self._testcases(suite) for suite in self._by_file}
 
         def _write_suite(self, output_dir: str, suite: str, encoding: str) -> str:
             """Write TEST-<suite>.xml atomically, as xmlrunner writes it; its path."""
             doc = Document()
-            tests = self._get_info_by_testcase().get(suite, [])
+            tests = self._testcases(suite)
             self._report_testsuite(suite, tests, doc, doc, self.properties)
             os.makedirs(output_dir, exist_ok=True)
             path = os.path.join(output_dir, f"TEST-{suite}.xml")
