@@ -96,7 +96,7 @@ class ReportBuilder:
         self.test = test
         self.started = time.monotonic()
         self.points: List[PointReport] = []
-        self.own: Optional[tuple] = None  # (status, exc_type, traceback text)
+        self.own: Optional[Outcome] = None  # the test's own failure or error
         self.skip: Optional[str] = None
         self.given: Optional[TestReport] = None  # the report the test handed over itself
         self._replay_end_seen = False
@@ -137,19 +137,14 @@ class ReportBuilder:
             return
         exc_type = err[0].__name__ if err is not None else "UnexpectedSuccess"
         if self.own is None:
-            self.own = (status, exc_type, text)
+            self.own = Outcome(status, last_line(text), text, exc_type)
         else:  # a later problem (tearDown, a cleanup): its text follows the first one's
-            self.own = (self.own[0], self.own[1], f"{self.own[2]}\n{text}")
+            self.own = self.own._replace(detail=f"{self.own.detail}\n{text}")
 
     def report(self, suite: str = "") -> TestReport:
         duration = time.monotonic() - self.started
         test_id = self.test.id()
-        own = NO_PROBLEM
-        if self.own is not None:
-            status, exc_type, text = self.own
-            own = Outcome(status, last_line(text), text, exc_type)
-        elif self.skip is not None:
-            own = Outcome(SKIPPED, self.skip)
+        own = self.own or (NO_PROBLEM if self.skip is None else Outcome(SKIPPED, self.skip))
         if self.given is None:
             return fold(test_id, self.points, own, suite, duration)
         report = dataclasses.replace(self.given, test_id=test_id, suite=suite, duration=duration)
