@@ -617,12 +617,12 @@ class _LocalRanksMixin:
         """Every rank is simulated by one run of the test in this process."""
         return SimulatedRanks()
 
-    def _rank_set_up(self) -> None:
+    def rank_set_up(self) -> None:
         """In the instance that simulates the ranks: LocalTensor's process-wide settings."""
         compat_local_tensor.set_record_function_enabled(False)
         self.addCleanup(compat_local_tensor.set_record_function_enabled, True)  # type: ignore[attr-defined]
         self.addCleanup(compat_local_tensor.reset_dtensor_rng_tracker)  # type: ignore[attr-defined]
-        super()._rank_set_up()  # type: ignore[misc]
+        super().rank_set_up()  # type: ignore[misc]
 
     def build_device_mesh(self) -> DeviceMesh:
         with compat_local_tensor.maybe_disable_local_tensor_mode():

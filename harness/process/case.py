@@ -229,10 +229,10 @@ class DistributedTestBase(MultiProcessTestCase):
         super().setUp()
         self._spawn_processes()  # as upstream's: the rest of a subclass's setUp is the parent's
 
-    def _rank_tear_down(self) -> None:
+    def rank_tear_down(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-        super()._rank_tear_down()
+        super().rank_tear_down()
 
     def backend(self, device: str) -> str:
         """The collective backend for a device string: nccl, hccl, xccl, else gloo."""

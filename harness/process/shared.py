@@ -3,7 +3,7 @@
 The parent side of MultiProcContinuousTest (harness/process/continuous.py). A class's
 ranks start on its first test (forks of the preloaded forkserver,
 harness/process/forkserver.py), create the default group once (the class's
-`_shared_rank_start`), then run each test they are sent
+`shared_rank_start`), then run each test they are sent
 (harness/process/rank.py `serve`). Every test's events are supervised and reported exactly as in the
 fresh-process mode (same RankGroup, RankRecord and outcome rules); what shared processes add
 is deciding when the set can no longer be trusted:

@@ -4,7 +4,8 @@ Threads make a multi-rank test cost milliseconds instead of process start-ups. `
 up what the ranks share (a ThreadedWorld, harness/threads/world.py, and the per-thread c10d
 world and warning filters) and starts one thread per rank; each thread builds its own
 instance of the test, hands it a RankContext, initialises its default group with the
-`threaded` backend (the case's `_init_rank_thread`) and runs it with `case.run(result)`, its
+`threaded` backend (the case's ThreadRankHooks, harness/launch/hooks.py: `start_rank_thread`,
+then `finish_rank_thread` after the run) and runs it with `case.run(result)`, its
 events kept in the rank's RankRecord. `join` waits, stopping every rank a little after one
 failed (fail fast) or at the timeout, with the stack of every rank still running.
 """
@@ -152,7 +153,7 @@ class ThreadRanks(Launcher):
         context = RankContext(
             rank, world.world_size, ReportingResult(sink), grid_sync=_grid_sync(world, rank)
         )
-        rank_case: Any = None
+        rank_case: Any = None  # a unittest.TestCase with the ThreadRankHooks
         started = time.monotonic()
         try:
             # Thread-local: FSDP's backward hooks must run on the rank's own thread, not on
@@ -161,13 +162,13 @@ class ThreadRanks(Launcher):
             torch.set_num_threads(devices.intra_op_threads(world.world_size))
             rank_case = type(case)(case._testMethodName)
             rank_case.attach_rank(context)
-            rank_case._init_rank_thread()
+            rank_case.start_rank_thread()
         except BaseException:
             sink.send(failure_event(sys.exc_info()))
         try:
             if rank_case is not None and not sink.failed:
                 rank_case.run(context.result)
-                rank_case._finish_rank_thread(passed=not sink.failed)
+                rank_case.finish_rank_thread(passed=not sink.failed)
         except BaseException:
             sink.send(failure_event(sys.exc_info()))
         finally:
