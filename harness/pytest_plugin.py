@@ -15,7 +15,7 @@ test it:
   report (stacks, pending collectives) is what the user sees;
 - `--debug-rank N` gives rank N the terminal for `breakpoint()`.
 
-The report comes from the same record as unittest's (harness/launch/verdict.py: a failure
+The report comes from the same record as unittest's (harness/outcome/merge.py: a failure
 carries its `RankReport`); only the layout is pytest's.
 """
 
@@ -34,11 +34,11 @@ from typing import Any, Generator, List, Optional, Tuple
 import pytest
 
 from harness import devices
-from harness.launch import stacks
 from harness.launch.case import RankedTestCase
-from harness.launch.report import RankRecord
-from harness.launch.stacks import Frame
-from harness.launch.verdict import RankReport, rank_report
+from harness.outcome import stacks
+from harness.outcome.merge import RankReport, rank_report
+from harness.outcome.rank_record import RankRecord
+from harness.outcome.stacks import Frame
 from harness.process import assert_rewrite, forkserver, torchrun
 from harness.process.case import MultiProcessTestCase
 

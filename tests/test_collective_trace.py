@@ -12,8 +12,8 @@ import unittest
 
 import pytest
 
-from harness.launch import collective_trace
-from harness.launch.collective_trace import CollectiveCall
+from harness.outcome import collective_trace
+from harness.outcome.collective_trace import CollectiveCall
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -104,7 +104,7 @@ class LazyNamesTest(unittest.TestCase):
     def test_the_outcome_model_and_the_package_load_without_torch(self):
         code = (
             "import sys\n"
-            "import harness, harness.launch.report, harness.launch.verdict\n"
+            "import harness, harness.outcome.rank_record, harness.outcome.merge\n"
             "print('torch' in sys.modules)\n"
             "from harness import TestCase\n"
             "print('torch' in sys.modules, TestCase.__module__)\n"

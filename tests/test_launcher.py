@@ -18,7 +18,7 @@ from harness.launch.case import SUPERVISOR_RANK, RankedTestCase
 from harness.launch.context import RankContext
 from harness.launch.in_process import SimulatedRanks, run_rank_here
 from harness.launch.launcher import Launcher
-from harness.launch.report import Event, RankRecord, RecordSink, ReportingResult
+from harness.outcome.rank_record import Event, RankRecord, RecordSink, ReportingResult
 from harness.skips import skip_if_lt_x_gpu
 
 CALLS: List[str] = []

@@ -26,6 +26,10 @@ FOUNDATION = {
 }
 ABOVE_FOUNDATION = ("harness.launch", "harness.process", "harness.threads", "harness.runner",
                     "harness.kit")
+# The outcome model (a rank's events and record, the merge, the per-test report) sits below
+# every launch mode, the runner and the kit: it imports none of them, and no torch.
+OUTCOME = "harness.outcome"
+ABOVE_OUTCOME = ABOVE_FOUNDATION
 
 
 def _modules() -> Dict[str, Path]:
@@ -76,6 +80,26 @@ def imports(module: str, *, module_level: bool) -> Set[str]:
     nodes = _module_level(tree.body) if module_level else ast.walk(tree)
     names = {name for node in nodes for name in _imported(node)}
     return {name for name in names if name in MODULES and name not in ("harness", module)}
+
+
+def loads_torch(module: str) -> List[str]:
+    """The chain of module-level imports by which importing `module` imports torch (every
+    package above a module counts: importing it runs their __init__), empty when it does not."""
+    chains = {module: [module]}
+    todo = [module]
+    while todo:
+        current = todo.pop()
+        tree = ast.parse(MODULES[current].read_text(), filename=str(MODULES[current]))
+        named = {name for node in _module_level(tree.body) for name in _imported(node)}
+        if any(name == "torch" or name.startswith("torch.") for name in named):
+            return chains[current] + ["torch"]
+        parts = current.split(".")
+        packages = {".".join(parts[:n]) for n in range(1, len(parts))}
+        for name in sorted((named | packages) & set(MODULES)):
+            if name not in chains:
+                chains[name] = chains[current] + [name]
+                todo.append(name)
+    return []
 
 
 def cycles(graph: Dict[str, Set[str]]) -> List[Set[str]]:
@@ -148,6 +172,25 @@ class LayersTest(unittest.TestCase):
             for module in sorted(MODULES) if module.startswith(package + ".")
         }
         self.assertEqual({m: n for m, n in upward.items() if n}, {})
+
+    def test_outcome_imports_no_launch_mode_runner_or_kit(self) -> None:
+        outcome = [m for m in MODULES if m == OUTCOME or m.startswith(OUTCOME + ".")]
+        self.assertIn(f"{OUTCOME}.merge", outcome)
+        upward = {
+            module: sorted(n for n in imports(module, module_level=False)
+                           if n.startswith(ABOVE_OUTCOME))
+            for module in sorted(outcome)
+        }
+        self.assertEqual({m: n for m, n in upward.items() if n}, {})
+
+    def test_importing_the_outcome_model_imports_no_torch(self) -> None:
+        outcome = [m for m in MODULES if m == OUTCOME or m.startswith(OUTCOME + ".")]
+        chains = {module: loads_torch(module) for module in sorted(outcome)}
+        self.assertEqual({m: c for m, c in chains.items() if c}, {})
+
+    def test_the_torch_finder_follows_imports(self) -> None:
+        self.assertEqual(loads_torch("harness.comparison")[-1], "torch")
+        self.assertEqual(loads_torch("harness.skip_codes"), [])
 
     def test_testcase_imports_neither_parametrization_nor_launch(self) -> None:
         found = imports("harness.testcase", module_level=False)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from harness import devices
 from harness.devices import HarnessConfigError
 from harness.launch.context import RankContext
-from harness.launch.report import RankRecord, RecordSink, ReportingResult
+from harness.outcome.rank_record import RankRecord, RecordSink, ReportingResult
 from harness.process import torchrun
 from harness.process.case import DistributedTestBase, MultiProcessTestCase
 from harness.skips import TEST_SKIPS, skip_if_no_gpu

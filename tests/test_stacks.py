@@ -1,4 +1,4 @@
-"""harness.launch.stacks: one stack format for every rank, faulthandler's noise filtered.
+"""harness.outcome.stacks: one stack format for every rank, faulthandler's noise filtered.
 
 Dumps and tracebacks are written by hand in the formats faulthandler and Python use, so the
 parsing and filtering are checked without crashing a process (tests/test_multiprocess.py
@@ -11,8 +11,8 @@ import os
 import unittest
 
 import harness
-from harness.launch import stacks
-from harness.launch.stacks import Frame
+from harness.outcome import stacks
+from harness.outcome.stacks import Frame
 
 HARNESS = os.path.dirname(os.path.abspath(harness.__file__))
 USER = "/home/me/test_user.py"
@@ -61,7 +61,7 @@ class Format(unittest.TestCase):
             Frame(f"{HARNESS}/kit/models.py", 10, "forward"),  # the kit is the user's library
         ]
         self.assertEqual(stacks.visible(frames), [frames[3], frames[5]])
-        internal = [Frame(f"{HARNESS}/launch/verdict.py", 1, "decide")]
+        internal = [Frame(f"{HARNESS}/outcome/merge.py", 1, "decide")]
         self.assertEqual(stacks.visible(internal), internal)
 
     def test_traceback_text_is_cleaned_and_parsed(self) -> None:
@@ -88,7 +88,7 @@ class Format(unittest.TestCase):
         text = stacks.format_frames([Frame(here, 1, "<module>")])
         self.assertEqual(
             text, f'  File "{here}", line 1, in <module>\n'
-            '    """harness.launch.stacks: one stack format for every rank, faulthandler\'s noise '
+            '    """harness.outcome.stacks: one stack format for every rank, faulthandler\'s noise '
             'filtered.'
         )
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from harness import TestCase, run_subtests
 from harness.launch.context import RankContext
-from harness.launch.report import RankRecord, RecordSink, ReportingResult
+from harness.outcome.rank_record import RankRecord, RecordSink, ReportingResult
 from tests.upstream_probe import compare
 
 

@@ -23,8 +23,8 @@ from torch.distributed.tensor import DTensor
 
 from harness import TestCase
 from harness.launch.context import RankContext
-from harness.launch.report import RankRecord, RecordSink, ReportingResult
 from harness.launch.routing import route_test_method
+from harness.outcome.rank_record import RankRecord, RecordSink, ReportingResult
 from harness.testcase import SEED_ENV, current_seed
 from tests.upstream_probe import compare
 

@@ -22,7 +22,7 @@ from harness import (
     MultiThreadedTestCase,
 )
 from harness.launch.context import RankContext
-from harness.launch.report import RankRecord, RecordSink, ReportingResult
+from harness.outcome.rank_record import RankRecord, RecordSink, ReportingResult
 from harness.world_size import fix_world_size, world_size_of
 from tests.fixtures import upstream_diff
 from tests.fixtures import world_size_cases as cases

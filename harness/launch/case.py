@@ -5,7 +5,7 @@ runner holds supervises: its setUp, tearDown and cleanups run once, here; the cl
 launcher (`make_launcher()`) starts the ranks when setUp calls upstream's `_spawn_processes()`
 / `_spawn_threads()` (or, if it does not, when the test method begins), so the ranks see the
 environment setUp prepared; the test method joins them and turns their records into the
-test's outcome (harness/launch/verdict.py). Each rank runs its own instance, which the
+test's outcome (harness/outcome/merge.py). Each rank runs its own instance, which the
 launcher hands a RankContext (`attach_rank`): there only the test method runs, between the
 base's own rank set-up and tear-down (`rank_set_up`, `rank_tear_down`: FSDPTest's group,
 a thread's `perThreadSetUp`), never the class's setUp or tearDown. Those three are the
@@ -23,9 +23,9 @@ from typing import Any, List, Optional, Tuple
 from harness import devices
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher
-from harness.launch.report import RankRecord
 from harness.launch.routing import route_test_method
-from harness.launch.verdict import apply_verdict, decide
+from harness.outcome.merge import apply_verdict, decide
+from harness.outcome.rank_record import RankRecord
 from harness.skip_codes import SKIP_BY_EXIT_CODE
 from harness.skips import check_case_requirements
 from harness.testcase import TestCase, current_seed, seed_everything

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict
 
-from harness.launch.report import ReportingResult
+from harness.outcome.rank_record import ReportingResult
 
 GridSync = Callable[[Dict[str, Any], bool], bool]
 

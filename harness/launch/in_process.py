@@ -16,7 +16,7 @@ from typing import Any, List, Optional, Tuple
 
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher
-from harness.launch.report import (
+from harness.outcome.rank_record import (
     Event,
     RankRecord,
     RecordSink,

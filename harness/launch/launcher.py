@@ -13,7 +13,7 @@ import abc
 import unittest
 from typing import List, Optional, Tuple
 
-from harness.launch.report import RankRecord
+from harness.outcome.rank_record import RankRecord
 
 
 class Launcher(abc.ABC):

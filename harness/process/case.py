@@ -22,8 +22,8 @@ from harness import devices
 from harness.launch.case import SUPERVISOR_RANK, RankedTestCase, assign
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher
-from harness.launch.report import RankRecord
-from harness.launch.verdict import apply_verdict, decide
+from harness.outcome.merge import apply_verdict, decide
+from harness.outcome.rank_record import RankRecord
 from harness.process.launchers import FreshProcesses, process_launcher
 from harness.skip_codes import TEST_SKIPS
 from harness.world_size import BaseWorldSize, world_size_of

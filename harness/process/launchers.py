@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Tuple
 from harness import devices
 from harness.launch.case import assign
 from harness.launch.launcher import Launcher
-from harness.launch.report import RankRecord
+from harness.outcome.rank_record import RankRecord
 from harness.process import shared as shared_ranks
 from harness.process.supervisor import RankGroup
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Collection, Dict, FrozenSet, List, Optional, T
 import torch
 
 from harness.compat import distributed as compat_distributed
-from harness.launch.report import Event, RankRecord
+from harness.outcome.rank_record import Event, RankRecord
 
 CHECKS: Tuple[str, ...] = (
     "environ", "default_dtype", "default_device", "grad_mode", "deterministic",

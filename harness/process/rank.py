@@ -39,7 +39,7 @@ from harness.compat import flight_recorder as compat_flight_recorder
 from harness.devices import DEBUG_RANK_ENV
 from harness.launch.context import RankContext
 from harness.launch.hooks import SharedRankHooks
-from harness.launch.report import (
+from harness.outcome.rank_record import (
     Event,
     ReportingResult,
     failure_event,

@@ -25,7 +25,7 @@ import atexit
 from typing import Any, Dict, List, Optional, Tuple
 
 from harness.launch.case import assign
-from harness.launch.report import RankRecord
+from harness.outcome.rank_record import RankRecord
 from harness.process import leaks
 from harness.process.supervisor import RankGroup
 

@@ -10,7 +10,7 @@ It collects what the ranks report until they have all exited (shared ranks: unti
 reported "done" for the round), stops the others a few seconds after one failed or skipped
 (fail fast), and at the timeout; before stopping a rank it has the rank dump its Python
 stack into its output, so the report can show where it was. Deciding the outcome is
-harness/launch/verdict.py's job; harness/process/launchers.py puts the two together.
+harness/outcome/merge.py's job; harness/process/launchers.py puts the two together.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Dict, List, Set
 
 from harness import devices
-from harness.launch import collective_trace, stacks
-from harness.launch.report import RankRecord
+from harness.outcome import collective_trace, stacks
+from harness.outcome.rank_record import RankRecord
 from harness.process import assert_rewrite, forkserver
 from harness.process.rank import (
     COLLECTIVES_SIGNAL,

@@ -38,10 +38,10 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import parse_qs, urlparse
 
 from harness import devices
-from harness.launch import stacks
 from harness.launch.in_process import run_rank_here
 from harness.launch.launcher import Launcher
-from harness.launch.report import RankRecord
+from harness.outcome import stacks
+from harness.outcome.rank_record import RankRecord
 
 SCHEME = "harness-torchrun"
 DEFAULT_MASTER_PORT = 29500

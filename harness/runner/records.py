@@ -5,7 +5,7 @@ folds one test's events into one `RunRecord`, because everything downstream want
 per test: the progress line, the per-suite table, the closing `N passed, N failed, N skipped`
 line, and one JUnit testcase per test (failing grid points listed in it with their
 parameters). The `Collector` (run_all.py's result) and the JUnit result both fold through it.
-Ranks are merged before this, in the supervising case (harness/launch/verdict.py).
+Ranks are merged before this, in the supervising case (harness/outcome/merge.py).
 """
 
 from __future__ import annotations

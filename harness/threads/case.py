@@ -7,7 +7,7 @@ instance of the test with its own default process group on the `threaded` backen
 upstream, setUp and tearDown run in the main thread only, `perThreadSetUp` and
 `perThreadTearDown` in each rank thread.
 Every rank's record is then turned into one outcome by the same rules as for processes
-(harness/launch/verdict.py). What this module adds is what a rank thread needs: its rank,
+(harness/outcome/merge.py). What this module adds is what a rank thread needs: its rank,
 its group (the ThreadRankHooks of harness/launch/hooks.py: `start_rank_thread`,
 `finish_rank_thread`) and upstream's per-thread hooks.
 """

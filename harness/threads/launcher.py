@@ -25,10 +25,10 @@ import torch.distributed as dist
 
 from harness import devices
 from harness.compat import c10d_world
-from harness.launch import stacks
 from harness.launch.context import GridSync, RankContext
 from harness.launch.launcher import Launcher
-from harness.launch.report import (
+from harness.outcome import stacks
+from harness.outcome.rank_record import (
     Event,
     RankRecord,
     RecordSink,

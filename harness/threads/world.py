@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from harness.launch.collective_trace import DEFAULT_GROUP, CollectiveCall, tensor_text
+from harness.outcome.collective_trace import DEFAULT_GROUP, CollectiveCall, tensor_text
 
 Payload = Any
 DEFAULT_GROUP_NAME = "0"  # c10d names a thread's first group, its default group, "0"

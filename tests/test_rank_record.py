@@ -1,4 +1,4 @@
-"""harness.launch.report: what a rank reports, and the record that carries it between modes.
+"""harness.outcome.rank_record: what a rank reports, and the record that carries it between modes.
 
 Events and records are built by hand (no rank is started): the record's rules, its JSON round
 trip (torchrun's ranks exchange it), and the result that turns unittest's callbacks into
@@ -12,8 +12,8 @@ import pickle
 import sys
 import unittest
 
-from harness.launch.collective_trace import CollectiveCall
-from harness.launch.report import (
+from harness.outcome.collective_trace import CollectiveCall
+from harness.outcome.rank_record import (
     Event,
     RankRecord,
     RecordSink,

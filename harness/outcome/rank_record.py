@@ -5,7 +5,7 @@ into an `Event` and sends it to a sink: a pipe to the supervising process (fresh
 processes, so a failure is seen at once and the other ranks are stopped), or a
 `RecordSink` that appends it to the rank's `RankRecord` in memory (threads, torchrun).
 `RankRecord` is the one record every launch mode hands to the merge
-(harness/launch/verdict.py); `to_json`/`from_json` carry it across hosts (torchrun's ranks
+(harness/outcome/merge.py); `to_json`/`from_json` carry it across hosts (torchrun's ranks
 exchange it). Kept free of process and thread handling so both modes can build on it.
 """
 
@@ -20,7 +20,7 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from harness.launch.collective_trace import CollectiveCall
+from harness.outcome.collective_trace import CollectiveCall
 from harness.skip_codes import SKIP_BY_EXIT_CODE
 
 ExcInfo = Tuple[Any, Any, Any]

@@ -12,10 +12,10 @@ from __future__ import annotations
 import unittest
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from harness.launch import stacks
-from harness.launch.collective_trace import collectives_section, disagreement, waiting_in
-from harness.launch.report import RankRecord
-from harness.launch.stacks import Frame
+from harness.outcome import stacks
+from harness.outcome.collective_trace import collectives_section, disagreement, waiting_in
+from harness.outcome.rank_record import RankRecord
+from harness.outcome.stacks import Frame
 
 # unittest (and pytest) hide frames of modules that define these: a verdict's report is the
 # ranks' story, not the frames that raise it here.

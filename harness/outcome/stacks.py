@@ -31,9 +31,9 @@ _HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _HIDDEN = tuple(
     os.path.join(_HARNESS, name)
     for name in (
-        "launch" + os.sep, "process" + os.sep, "threads" + os.sep, "runner" + os.sep,
-        "compat" + os.sep, "testcase.py", "comparison.py", "subtests.py", "parametrize.py",
-        "pytest_plugin.py",
+        "launch" + os.sep, "outcome" + os.sep, "process" + os.sep, "threads" + os.sep,
+        "runner" + os.sep, "compat" + os.sep, "testcase.py", "comparison.py", "subtests.py",
+        "parametrize.py", "pytest_plugin.py",
     )
 ) + (os.path.dirname(unittest.__file__) + os.sep,)
 # Hidden only below the first frame of the test: what starts a process or a thread.

@@ -1,4 +1,4 @@
-"""harness.launch.verdict: every rank's record, turned into one outcome by DESIGN.md's rules.
+"""harness.outcome.merge: every rank's record, turned into one outcome by DESIGN.md's rules.
 
 Records and events are built by hand, so each rule (pass, raise, signal, exit code, skip,
 timeout, failing grid point) is checked without starting a process.
@@ -9,9 +9,8 @@ from __future__ import annotations
 import unittest
 from typing import Any, Dict, List, Tuple
 
-from harness.launch.collective_trace import CollectiveCall
-from harness.launch.report import Event, RankRecord, signal_name
-from harness.launch.verdict import (
+from harness.outcome.collective_trace import CollectiveCall
+from harness.outcome.merge import (
     OUTPUT_TAIL_LINES,
     RankReport,
     SubtestVerdict,
@@ -21,6 +20,7 @@ from harness.launch.verdict import (
     merge_subtests,
     output_section,
 )
+from harness.outcome.rank_record import Event, RankRecord, signal_name
 from harness.skips import TEST_SKIPS
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "t.py", line 3\nAssertionError: boom\n'
@@ -368,7 +368,7 @@ class ApplyVerdict(unittest.TestCase):
         failed, text = result.failures[0]
         self.assertIs(failed, case)
         self.assertIn("AssertionError: rank 1 exited with code 3", text)
-        self.assertNotIn("harness/launch/verdict.py", text)  # the harness's own frames are hidden
+        self.assertNotIn("harness/outcome/merge.py", text)  # the harness's own frames are hidden
 
     def test_skip(self) -> None:
         result, case = self.run_case(Verdict("skip", "needs 8 GPUs", [], 0))
