@@ -25,12 +25,16 @@ from harness.outcome.rank_record import (
 )
 
 
-def run_rank_here(case: Any, rank: int, world_size: int, **context: Any) -> RankRecord:
-    """Run `case`'s test as rank `rank` of `world_size` in this process; its record.
+def run_rank_here(
+    case: Any, rank: int, world_size: int, record: Optional[RankRecord] = None, **context: Any
+) -> RankRecord:
+    """Run `case`'s test as rank `rank` of `world_size` in this process; its record (`record`,
+    when the caller watches it while the test runs).
 
     `context` are further RankContext fields (init_method, grid_sync, ...).
     """
-    record = RankRecord(rank, pid=os.getpid())
+    if record is None:
+        record = RankRecord(rank, pid=os.getpid())
     sink = RecordSink(record)
     rank_context = RankContext(rank, world_size, ReportingResult(sink), **context)
     started = time.monotonic()

@@ -23,7 +23,7 @@ from harness.launch.case import SUPERVISOR_RANK, RankedTestCase, assign
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher
 from harness.outcome.merge import apply_verdict, decide
-from harness.outcome.rank_record import RankRecord
+from harness.outcome.rank_record import RankRecord, raised_in_rank
 from harness.process.launchers import FreshProcesses, process_launcher
 from harness.skip_codes import TEST_SKIPS
 from harness.world_size import BaseWorldSize, world_size_of
@@ -188,7 +188,7 @@ class RankExit:
         code = record.exitcode
         if record.test_exit_code() is not None:
             code = record.test_exit_code()
-        elif any(e.kind in ("failure", "expected_failure") for e in record.events):
+        elif any(raised_in_rank(e) for e in record.events):
             code = TEST_ERROR_EXIT_CODE
         elif any(e.kind == "skip" for e in record.events):
             code = TEST_SKIPS["generic"].exit_code

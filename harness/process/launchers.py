@@ -17,6 +17,7 @@ from harness.launch.case import assign
 from harness.launch.launcher import Launcher
 from harness.outcome.rank_record import RankRecord
 from harness.process import shared as shared_ranks
+from harness.process import torchrun
 from harness.process.supervisor import RankGroup
 
 
@@ -93,8 +94,5 @@ class SharedProcesses(Launcher):
 def process_launcher(default: Launcher) -> Launcher:
     """`default`, unless torchrun launched this process: then torchrun's launcher, which runs
     this rank here and meets the other launched processes (harness/process/torchrun.py)."""
-    if devices.torchrun_env() is None:
-        return default
-    from harness.process.torchrun import TorchrunLauncher  # only needed under torchrun
-
-    return TorchrunLauncher()
+    run = torchrun.this_run()
+    return default if run is None else torchrun.TorchrunLauncher(run)
