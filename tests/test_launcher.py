@@ -17,7 +17,7 @@ from harness.devices import HarnessConfigError
 from harness.launch.case import SUPERVISOR_RANK, RankedTestCase
 from harness.launch.context import RankContext
 from harness.launch.in_process import SimulatedRanks, run_rank_here
-from harness.launch.launcher import Launcher
+from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import Event, RankRecord, RecordSink, ReportingResult
 from harness.skips import skip_if_lt_x_gpu
 
@@ -31,8 +31,9 @@ class FakeRanks(Launcher):
     def __init__(self, records: List[RankRecord], timed_out_after: Optional[float]) -> None:
         self.records, self.timed_out_after = records, timed_out_after
 
-    def start(self, case: Any) -> None:
+    def start(self, case: Any) -> RankSetup:
         CALLS.append(f"start {case.world_size}")
+        return RankSetup()
 
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         CALLS.append("join")

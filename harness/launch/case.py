@@ -22,7 +22,7 @@ from typing import Any, List, Optional, Tuple
 
 from harness import devices
 from harness.launch.context import RankContext
-from harness.launch.launcher import Launcher
+from harness.launch.launcher import Launcher, RankSetup
 from harness.launch.routing import route_test_method
 from harness.outcome.merge import apply_verdict, decide
 from harness.outcome.rank_record import RankRecord
@@ -112,10 +112,15 @@ class RankedTestCase(TestCase):
         self._launcher = launcher
         self.addCleanup(launcher.close)  # also when a subclass's setUp fails after this
         try:
-            launcher.start(self)
+            setup = launcher.start(self)
         except BaseException:
             launcher.close()
             raise
+        self.describe_run(setup)
+
+    def describe_run(self, setup: RankSetup) -> None:
+        """In the supervisor, once the ranks started: show what the launcher set up as the
+        attributes upstream's bases have (process cases: `file_name`, `processes`)."""
 
     def _join_ranks(self) -> None:
         """The supervisor's test method: start the ranks unless setUp did, wait for them,

@@ -15,7 +15,7 @@ import time
 from typing import Any, List, Optional, Tuple
 
 from harness.launch.context import RankContext
-from harness.launch.launcher import Launcher
+from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import (
     Event,
     RankRecord,
@@ -54,8 +54,9 @@ class SimulatedRanks(Launcher):
     """All ranks simulated by one instance of the test in this process (LocalTensor): it runs
     once, here, when the supervising case joins; nothing starts before, nothing is left."""
 
-    def start(self, case: Any) -> None:
+    def start(self, case: Any) -> RankSetup:
         """Nothing to start: the ranks are simulated when the test runs."""
+        return RankSetup()
 
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         return [run_rank_here(case, 0, case.world_size)], None

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from harness import devices
 from harness.launch.case import SUPERVISOR_RANK, RankedTestCase, assign
 from harness.launch.context import RankContext
-from harness.launch.launcher import Launcher
+from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.merge import apply_verdict, decide
 from harness.outcome.rank_record import RankRecord, raised_in_rank
 from harness.process.launchers import FreshProcesses, process_launcher
@@ -113,6 +113,11 @@ class MultiProcessTestCase(RankedTestCase):
     def _spawn_processes(self) -> None:
         """Upstream's call in setUp: start the ranks now (they see what setUp set so far)."""
         self._start_ranks()
+
+    def describe_run(self, setup: RankSetup) -> None:
+        """The rendezvous file (`init_method` derives from it) and the rank processes."""
+        assign(self, "file_name", setup.file_name)
+        self.processes = list(setup.processes)
 
     @classmethod
     def _run(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import atexit
 from typing import Any, Dict, List, Optional, Tuple
 
-from harness.launch.case import assign
+from harness.launch.launcher import RankSetup
 from harness.outcome.rank_record import RankRecord
 from harness.process import leaks
 from harness.process.supervisor import RankGroup
@@ -42,16 +42,19 @@ class SharedRanks:
         self.starts = 0  # how many sets were started (a new one after each broken one)
         self._reused = False  # the current test went to ranks that ran an earlier one
 
-    def send_test(self, case: Any) -> None:
+    def send_test(self, case: Any) -> RankSetup:
         """Have the ranks start `case`'s test (starting them if there are none, or if they can
         no longer be reached); `finish_test` collects it. Sent from the parent's setUp, so the
-        ranks begin while the parent finishes setting up."""
+        ranks begin while the parent finishes setting up. Returns the test's rendezvous file
+        and the ranks' processes, as the fresh mode's launcher does."""
         group = self.group
         self._reused = group is not None and group.send_test(case._testMethodName)
         if not self._reused:
             self.close()
-            self._start(case).send_test(case._testMethodName)  # a rank gone: supervise says so
-        self._describe(case)
+            group = self._start(case)
+            group.send_test(case._testMethodName)  # a rank gone: supervise says so
+        assert group is not None
+        return RankSetup(group.test_file(), group.processes)
 
     def finish_test(self, case: Any, timeout: float) -> Tuple[List[RankRecord], bool]:
         """The test's records, and whether the timeout stopped the ranks."""
@@ -62,7 +65,6 @@ class SharedRanks:
             self.close()  # a broken set: run the test on new ranks instead
             group = self._start(case)
             group.send_test(case._testMethodName)
-            self._describe(case)
         try:
             timed_out = group.supervise(timeout)
         except BaseException:  # KeyboardInterrupt, SIGTERM: no rank outlives the test
@@ -71,12 +73,6 @@ class SharedRanks:
         if not group.intact() or leaks.leaked(group.records):
             self.close()  # a leak: the next test must not meet what this one left
         return group.records, timed_out
-
-    def _describe(self, case: Any) -> None:
-        """`case.file_name`, `init_method` and `processes` describe the run, as in fresh mode."""
-        assert self.group is not None
-        assign(case, "file_name", self.group.test_file())  # init_method derives from it
-        case.processes = self.group.processes
 
     def _start(self, case: Any) -> RankGroup:
         group = RankGroup(self.world_size)

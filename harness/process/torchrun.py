@@ -46,7 +46,7 @@ from urllib.parse import parse_qs, urlparse
 from harness import devices
 from harness.launch.fail_fast import FailFast
 from harness.launch.in_process import run_rank_here
-from harness.launch.launcher import Launcher
+from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome import stacks
 from harness.outcome.rank_record import RankRecord
 
@@ -373,13 +373,14 @@ class TorchrunLauncher(Launcher):
     def __init__(self, run: TorchrunRun) -> None:
         self.run = run
 
-    def start(self, case: Any) -> None:
+    def start(self, case: Any) -> RankSetup:
         if case.world_size != self.run.world_size:
             raise unittest.SkipTest(
                 f"needs world size {case.world_size}, torchrun launched "
                 f"{self.run.world_size} processes"
             )
         self.run.new_test()
+        return RankSetup()  # this process is the rank: no file, no processes of its own
 
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         run = self.run

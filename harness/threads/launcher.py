@@ -28,7 +28,7 @@ from harness import devices
 from harness.compat import c10d_world
 from harness.launch import fail_fast
 from harness.launch.context import GridSync, RankContext
-from harness.launch.launcher import Launcher
+from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome import stacks
 from harness.outcome.rank_record import (
     Event,
@@ -58,7 +58,7 @@ class ThreadRanks(Launcher):
         self.threads: List[threading.Thread] = []
         self._state = ExitStack()
 
-    def start(self, case: Any) -> None:
+    def start(self, case: Any) -> RankSetup:
         world_size, timeout = case.world_size, devices.test_timeout(case)
         threaded_pg.register()
         # Collectives wait longer than the test, so a hang is reported as the test timing
@@ -80,6 +80,7 @@ class ThreadRanks(Launcher):
             )
             self.threads.append(thread)
             thread.start()
+        return RankSetup()  # no rendezvous file, no processes: threads of this one
 
     def _rank_warning(self, text: str) -> bool:
         """A warning a rank thread shows (torch's, say) goes into that rank's output, shown
