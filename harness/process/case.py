@@ -256,15 +256,15 @@ class DistributedTestBase(MultiProcessTestCase):
             world_size=self.world_size if world_size is None else world_size,
             rank=self.rank,
         )
-        if backend in ("nccl", "xccl"):
-            accelerator = torch.accelerator.current_accelerator()
-            if accelerator is None:
+        if backend in devices.ACCELERATOR_BACKENDS:
+            rank_device = devices.rank_device(self.rank)
+            if rank_device.index is None:
                 raise RuntimeError(
                     f"create_pg({device!r}): the {backend} backend needs an accelerator and "
                     "none was found"
                 )
-            torch.accelerator.set_device_index(self.rank)
-            torch.set_default_device(torch.device(accelerator.type, self.rank))
+            torch.accelerator.set_device_index(rank_device.index)
+            torch.set_default_device(rank_device)
         return dist.group.WORLD
 
     def rank_to_device(self, device: str) -> Dict[int, List[int]]:
