@@ -265,7 +265,7 @@ def check_case_requirements(case: unittest.TestCase) -> None:
             cpu_defaults as compat_cpu_defaults,  # torch's FSDP/DDP: only when needed
         )
 
-        compat_cpu_defaults.install()
+        compat_cpu_defaults.PROCESS_ADAPTATIONS.install()
 
 
 def cpu_allowed(case: unittest.TestCase) -> bool:

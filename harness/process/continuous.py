@@ -111,7 +111,7 @@ class MultiProcContinuousTest(MultiProcessTestCase):
 
     @classmethod
     def tearDownClass(cls) -> None:
-        shared_ranks.stop(cls)
+        shared_ranks.OPEN_RANKS.stop(cls)
         super().tearDownClass()
 
     # -- in a shared rank (harness/process/rank.py `serve`): the SharedRankHooks ---------------

@@ -69,7 +69,7 @@ class SharedProcesses(Launcher):
 
     def start(self, case: Any) -> RankSetup:
         _check_importable(case)
-        ranks = shared_ranks.ranks_of(type(case), case.world_size)
+        ranks = shared_ranks.OPEN_RANKS.ranks_of(type(case), case.world_size)
         setup = ranks.send_test(case)
         self._sent_to, self._cls = ranks, type(case)
         return setup
@@ -85,7 +85,7 @@ class SharedProcesses(Launcher):
         """A test sent to the ranks but never joined (its setUp failed later) leaves them out
         of step: stop them. After a join the class's ranks stay for its next test."""
         if self._sent_to is not None and self._cls is not None:
-            shared_ranks.stop(self._cls)
+            shared_ranks.OPEN_RANKS.stop(self._cls)
             self._sent_to = None
 
 

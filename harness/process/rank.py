@@ -382,7 +382,8 @@ def _prepare_process(spec: RankSpec) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     assert_rewrite.install(spec.env)  # under pytest, test modules imported here are rewritten
     compat_flight_recorder.enable()  # so a hang report can say which collective each rank is in
-    compat_cpu_defaults.install()  # HARNESS_ALLOW_CPU: torch's accelerator defaults on CPU
+    # HARNESS_ALLOW_CPU: the CPU analogs of torch's accelerator defaults
+    compat_cpu_defaults.PROCESS_ADAPTATIONS.install()
     # Ctrl-C reaches the whole process group; the parent decides and stops the ranks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.enable(all_threads=True)

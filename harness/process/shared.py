@@ -14,9 +14,10 @@ is deciding when the set can no longer be trusted:
   within READY_TIMEOUT_S (a group a previous test left broken) is replaced, and the test
   runs on the new set: it is not the test's fault.
 
-Nothing outlives the class: `stop(cls)` (tearDownClass) and `stop_all()` (at exit, and for
-a runner stopped by a signal between two tests of a class) kill the ranks and remove their
-private dir; a test interrupted while it runs stops its class's ranks itself.
+Nothing outlives the class: `OPEN_RANKS` (an `OpenRanks`) keeps each class's set between its
+tests, and `stop(cls)` (tearDownClass) and `stop_all()` (the runner's scope, and at exit)
+kill the ranks and remove their private dir; a test interrupted while it runs stops its
+class's ranks itself.
 """
 
 from __future__ import annotations
@@ -92,29 +93,38 @@ class SharedRanks:
             group.close()
 
 
-_open: Dict[type, SharedRanks] = {}
+class OpenRanks:
+    """Every test class's shared ranks in this process, by class.
+
+    A class's ranks outlive each of its tests (each test is its own TestCase instance), so
+    they are kept here, where its next test finds them. Three owners stop them: the class's
+    tearDownClass (`stop`), the runner's scope when a run ends or is stopped between two tests
+    of a class (harness/runner/lifecycle.py: `stop_all`), and, for a runner that has neither
+    (a plain `unittest.main`), this process's exit (`OPEN_RANKS` is registered with atexit).
+    """
+
+    def __init__(self) -> None:
+        self._by_class: Dict[type, SharedRanks] = {}
+
+    def ranks_of(self, cls: type, world_size: int) -> SharedRanks:
+        """The class's shared ranks (none started until its first test runs)."""
+        ranks = self._by_class.get(cls)
+        if ranks is None or ranks.world_size != world_size:
+            self.stop(cls)
+            ranks = self._by_class[cls] = SharedRanks(cls, world_size)
+        return ranks
+
+    def stop(self, cls: type) -> None:
+        """Stop the class's ranks, if it has any running (its tearDownClass)."""
+        ranks = self._by_class.pop(cls, None)
+        if ranks is not None:
+            ranks.close()
+
+    def stop_all(self) -> None:
+        """Stop every class's ranks: a run ends, or stops between a class's tests (signals)."""
+        for cls in list(self._by_class):
+            self.stop(cls)
 
 
-def ranks_of(cls: type, world_size: int) -> SharedRanks:
-    """The class's shared ranks (none started until its first test runs)."""
-    ranks = _open.get(cls)
-    if ranks is None or ranks.world_size != world_size:
-        stop(cls)
-        ranks = _open[cls] = SharedRanks(cls, world_size)
-    return ranks
-
-
-def stop(cls: type) -> None:
-    """Stop the class's ranks, if it has any running (its tearDownClass)."""
-    ranks = _open.pop(cls, None)
-    if ranks is not None:
-        ranks.close()
-
-
-def stop_all() -> None:
-    """Stop every class's ranks: for a runner stopped between a class's tests (signals)."""
-    for cls in list(_open):
-        stop(cls)
-
-
-atexit.register(stop_all)
+OPEN_RANKS = OpenRanks()  # this process's; the one registry every caller names
+atexit.register(OPEN_RANKS.stop_all)
