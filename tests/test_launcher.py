@@ -124,7 +124,7 @@ class NewModeNeedsOnlyALauncher(unittest.TestCase):
     def test_a_setup_that_fails_after_start_still_closes(self) -> None:
         def set_up(self: RankedTestCase) -> None:
             RankedTestCase.setUp(self)
-            self._start_ranks()  # what upstream's _spawn_processes() in a setUp does
+            self.start_ranks()  # what upstream's _spawn_processes() in a setUp does
             raise RuntimeError("later part of setUp")
 
         result, _ = run([], setUp=set_up)

@@ -359,7 +359,7 @@ class FSDPTest(FSDPTestMixin, _AcceleratorPerRank, _RankDevice, MultiProcessTest
         """In a rank, after the test method: a barrier (unless this rank failed: its peers
         may be stuck elsewhere), then the group's destruction."""
         if dist.is_initialized():
-            if not self._rank_failed():
+            if not self.rank_failed():
                 dist.barrier()
             dist.destroy_process_group()
         super().rank_tear_down()

@@ -101,7 +101,7 @@ class RankedTestCase(TestCase):
         fix_world_size(self, self.checked_rank_settings()[0])
         self._settings_fixed = True
 
-    def _start_ranks(self) -> None:
+    def start_ranks(self) -> None:
         """Start the ranks (supervisor only; a no-op in a rank and once started)."""
         if self.rank_context is not None or self._launcher is not None:
             return
@@ -125,7 +125,7 @@ class RankedTestCase(TestCase):
     def _join_ranks(self) -> None:
         """The supervisor's test method: start the ranks unless setUp did, wait for them,
         report their verdict."""
-        self._start_ranks()
+        self.start_ranks()
         launcher = self._launcher
         assert launcher is not None
         self._meet_deadline()
@@ -194,7 +194,7 @@ class RankedTestCase(TestCase):
         elif not self._exited_early:
             self.rank_tear_down()
 
-    def _rank_failed(self) -> bool:
+    def rank_failed(self) -> bool:
         """In a rank: whether this test already failed here, so peers may be out of step."""
         return self.rank_context is not None and self.rank_context.failed
 

@@ -105,14 +105,14 @@ class MultiProcessTestCase(RankedTestCase):
         outcome = super().doCleanups()
         if (
             self.rank_context is not None and self.destroy_pg_upon_exit
-            and not self._rank_failed() and not self._exited_early and dist.is_initialized()
+            and not self.rank_failed() and not self._exited_early and dist.is_initialized()
         ):
             dist.destroy_process_group()
         return outcome
 
     def _spawn_processes(self) -> None:
         """Upstream's call in setUp: start the ranks now (they see what setUp set so far)."""
-        self._start_ranks()
+        self.start_ranks()
 
     def describe_run(self, setup: RankSetup) -> None:
         """The rendezvous file (`init_method` derives from it) and the rank processes."""

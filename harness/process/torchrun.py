@@ -289,13 +289,15 @@ class _Watch:
         self._armed = False
         self._done = threading.Event()
         self._can_stop = threading.current_thread() is threading.main_thread()
-        self._previous: Any = None
+        self._previous: Any = None  # the signal's handler before the watch's
+        self._handling = False  # the watch's handler is installed
         self._thread = threading.Thread(target=self._watch, name="harness-torchrun-watch",
                                         daemon=True)
 
     def start(self) -> None:
         if self._can_stop:
             self._previous = signal.signal(STOP_SIGNAL, self._stop_here)
+            self._handling = True
         self._armed = True
         self._thread.start()
 
@@ -307,9 +309,9 @@ class _Watch:
         self._done.set()
         if self._thread.is_alive():
             self._thread.join()
-        if self._previous is not None:
-            signal.signal(STOP_SIGNAL, self._previous)
-            self._previous = None
+        if self._handling:
+            signal.signal(STOP_SIGNAL, self._previous or signal.SIG_DFL)
+            self._handling = False
 
     def _stop_here(self, signum: int, frame: Any) -> None:
         if self._armed:
@@ -317,7 +319,8 @@ class _Watch:
 
     def _watch(self) -> None:
         deadline = time.monotonic() + self._timeout
-        policy, peers, stack_posted = FailFast(), {}, False
+        policy, stack_posted = FailFast(), False
+        peers: Dict[int, RankRecord] = {}
         while not self._done.wait(WATCH_INTERVAL_S):
             now = time.monotonic()
             if now >= deadline and not stack_posted:

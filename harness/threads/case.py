@@ -86,7 +86,7 @@ class MultiThreadedTestCase(RankedTestCase):
 
     def _spawn_threads(self) -> None:
         """Upstream's call in setUp: start the rank threads now (else the test method does)."""
-        self._start_ranks()
+        self.start_ranks()
 
     # --- in a rank thread (ThreadRanks calls these: ThreadRankHooks) ------------------------
     def start_rank_thread(self) -> None:
