@@ -12,6 +12,7 @@ import ast
 import os
 import unittest
 from typing import Any, List, Optional, Tuple
+from unittest import mock
 
 from harness.devices import HarnessConfigError
 from harness.launch.case import SUPERVISOR_RANK, RankedTestCase
@@ -120,6 +121,22 @@ class NewModeNeedsOnlyALauncher(unittest.TestCase):
         result, _ = run([], test_body=skip_if_lt_x_gpu(64)(faked().test_body))
         self.assertIn("Need at least 64 CUDA devices", result.skipped[0][1])
         self.assertEqual(CALLS, [])
+
+    def test_requirements_are_checked_once_per_test(self) -> None:
+        checked: List[str] = []
+
+        def count(case: Any) -> None:
+            checked.append(case.id())
+
+        records = [finished(0, Event("success")), finished(1, Event("success"))]
+        with mock.patch("harness.testcase.check_case_requirements", count), \
+                mock.patch("harness.launch.case.check_case_requirements", count):
+            result, _ = run(records)
+            self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
+            self.assertEqual(len(checked), 1)
+            checked.clear()
+            run(records, setUp=lambda self: None)  # a setUp that skips ours: checked at start
+            self.assertEqual(len(checked), 1)
 
     def test_a_setup_that_fails_after_start_still_closes(self) -> None:
         def set_up(self: RankedTestCase) -> None:
