@@ -13,7 +13,8 @@ test it:
   in a rank process explains itself (harness/process/assert_rewrite.py);
 - with pytest-timeout, stops the ranks before its timer fires, so that the harness's hang
   report (stacks, pending collectives) is what the user sees;
-- `--debug-rank N` gives rank N the terminal for `breakpoint()`.
+- `--debug-rank N` gives rank N the terminal for `breakpoint()`;
+- under pytest-xdist, lets a grid point's params (an enum, a dtype) cross to the controller.
 
 The report comes from the same record as unittest's (harness/outcome/merge.py: a failure
 carries its `RankReport`); only the layout is pytest's.
@@ -22,6 +23,7 @@ carries its `RankReport`); only the layout is pytest's.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import linecache
 import os
@@ -123,6 +125,27 @@ def pytest_runtest_makereport(
     if _RECORDS in item.stash:
         del item.stash[_RECORDS]
     return report
+
+
+PLAIN_TYPES = (type(None), bool, int, float, str)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """In a pytest-xdist worker, a grid point's params travel as their repr.
+
+    A worker sends each report to the controller through execnet, which carries only plain
+    values: a subtest's params (`sharding_strategy=ShardingStrategy.FULL_SHARD`, as
+    run_subtests and the grid points a multi-rank test replays pass them) would stop the
+    worker with a DumpError. The controller shows them as `name='ShardingStrategy.FULL_SHARD'`.
+    """
+    context = getattr(report, "context", None)
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not dataclasses.is_dataclass(context):
+        return
+    kwargs = getattr(context, "kwargs", None) or {}
+    if any(type(value) not in PLAIN_TYPES for value in kwargs.values()):
+        plain = {k: v if type(v) in PLAIN_TYPES else repr(v) for k, v in kwargs.items()}
+        report.context = dataclasses.replace(context, kwargs=plain)  # type: ignore[attr-defined]
 
 
 def _longrepr(item: pytest.Item, lead: RankReport) -> Any:

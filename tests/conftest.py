@@ -8,7 +8,8 @@ loop is `python -m pytest -m "not slow" tests`; CI runs everything.
 With HARNESS_REPORT_SPAWNS set, the run ends listing the tests without the mark that started
 a process, so a new test that should be `slow` is found by running the fast tier;
 HARNESS_REPORT_SPAWNS=refuse also fails such a test at its first start instead of letting the
-process run, which finds them all in minutes.
+process run, which finds them all in minutes. Under pytest-xdist (CI runs `-n 2`) each worker
+hands its list to the controller, which prints them all.
 """
 
 from __future__ import annotations
@@ -68,6 +69,18 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     finally:
         if watched:
             _current.pop()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)  # set in an xdist worker
+    if workeroutput is not None:
+        workeroutput["unmarked_spawners"] = dict(_unmarked_spawners)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """An xdist worker finished: its unmarked spawners join the controller's list."""
+    _unmarked_spawners.update(getattr(node, "workeroutput", {}).get("unmarked_spawners", {}))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

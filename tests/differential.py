@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from tests.fixtures import REPO, child_env
+from tests.fixtures import REPO, child_env, upstream_env
 
 RUNNER = r'''
 import json, sys, unittest
@@ -47,10 +47,12 @@ Outcomes = Dict[str, List[Optional[str]]]
 
 
 def run_file(folder: Path, module: str, env: Optional[Dict[str, str]] = None,
-             timeout: float = 600) -> Outcomes:
-    """Per test id of `folder/module.py`, [outcome, skip reason or failure text]."""
+             timeout: float = 600, upstream: bool = False) -> Outcomes:
+    """Per test id of `folder/module.py`, [outcome, skip reason or failure text]; `upstream`:
+    the file imports upstream's harness (its ranks start from tests/upstream_site's server)."""
     proc = subprocess.run([sys.executable, "-c", RUNNER, str(folder), module], cwd=folder,
-                          capture_output=True, text=True, env=child_env(env), timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          env=(upstream_env if upstream else child_env)(env))
     lines = [line for line in proc.stdout.splitlines() if line.startswith("OUTCOMES ")]
     if proc.returncode != 0 or not lines:
         raise AssertionError(f"running {module} failed ({proc.returncode}):\n"
@@ -70,4 +72,5 @@ def both(upstream_source: str, env: Optional[Dict[str, str]] = None) -> Tuple[Ou
             capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=300)
         if migrate.returncode != 0:
             raise AssertionError(f"migrate left private imports:\n{migrate.stdout}")
-        return run_file(folder, "upstream_file", env), run_file(folder, "harness_file", env)
+        return (run_file(folder, "upstream_file", env, upstream=True),
+                run_file(folder, "harness_file", env))

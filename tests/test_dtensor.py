@@ -46,6 +46,7 @@ from harness.kit.dtensor import (
     with_comms,
     with_temp_dir,
 )
+from tests.fixtures import child_env, upstream_env
 from tests.upstream_style.dtensor_driver import rewrite_for_upstream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -511,13 +512,17 @@ def _children() -> List[str]:
 
 # --- the differential run against upstream's harness ------------------------------------------
 
-def _run_variant(directory: Path, sources: Dict[str, str]) -> Tuple[Dict[str, Any], str]:
-    """Write the files into `directory` beside the driver, run them; (outcomes by test, log)."""
+def _run_variant(
+    directory: Path, sources: Dict[str, str], upstream: bool = False
+) -> Tuple[Dict[str, Any], str]:
+    """Write the files into `directory` beside the driver, run them; (outcomes by test, log).
+    `upstream`: the files import upstream's harness (tests/fixtures.upstream_env)."""
     for name, source in sources.items():
         (directory / f"{name}.py").write_text(source)
     shutil.copy(UPSTREAM_STYLE / "dtensor_driver.py", directory)
     out = directory / "outcomes.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(directory), str(ROOT)]))
+    env = (upstream_env if upstream else child_env)()
+    env["PYTHONPATH"] = os.pathsep.join([str(directory), env["PYTHONPATH"]])
     proc = subprocess.run(
         [sys.executable, str(directory / "dtensor_driver.py"), str(out), *sources],
         cwd=directory, env=env, capture_output=True, text=True, timeout=DIFFERENTIAL_TIMEOUT_S,
@@ -570,7 +575,8 @@ class TestUpstreamStyleDifferential(unittest.TestCase):
             upstream_dir.mkdir()
             here_dir.mkdir()
             cls.upstream, _ = _run_variant(
-                upstream_dir, {n: rewrite_for_upstream(s) for n, s in sources.items()}
+                upstream_dir, {n: rewrite_for_upstream(s) for n, s in sources.items()},
+                upstream=True,
             )
             cls.here, cls.here_log = _run_variant(here_dir, sources)
 

@@ -257,3 +257,60 @@ def _in_terminal(
         os.waitpid(pid, 0)
         os.close(fd)
     return seen
+
+
+XDIST_FILE = '''
+import enum
+
+from harness import MultiProcessTestCase, MultiThreadedTestCase
+
+
+class Color(enum.Enum):
+    RED = 1
+    BLUE = 2
+
+
+class TestGridOverProcesses(MultiProcessTestCase):
+    world_size = 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_grid(self):
+        self.run_subtests({"color": [Color.RED, Color.BLUE]}, self._check)
+
+    def _check(self, color):
+        self.assertEqual(color, Color.BLUE)
+
+
+class TestGridOverThreads(MultiThreadedTestCase):
+    world_size = 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_threads()
+
+    def test_grid_passes(self):
+        self.run_subtests({"color": [Color.RED, Color.BLUE]}, lambda color: None)
+'''
+
+
+@pytest.mark.slow
+def test_under_xdist_grid_points_with_any_params_reach_the_controller(tmp_path: Path) -> None:
+    if importlib.util.find_spec("xdist") is None:
+        pytest.skip("pytest-xdist is not installed")
+    (tmp_path / "test_grid.py").write_text(XDIST_FILE)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
+         "-n", "2", "-rA", "test_grid.py"],
+        cwd=tmp_path, env=_env(PYTHONPATH=str(ROOT), COLUMNS="300"), capture_output=True,
+        text=True, timeout=600,
+    )
+    out = done.stdout + done.stderr
+    assert "DumpError" not in out and "can't serialize" not in out, out
+    # The failing grid point, its params shown by their repr (pytest's own counting: the
+    # failed grid point, and both tests).
+    assert ("SUBFAILED(color='<Color.RED: 1>') test_grid.py::TestGridOverProcesses::test_grid"
+            in out), out
+    assert "1 failed, 2 passed" in out, out

@@ -23,7 +23,7 @@ from unittest import mock
 import pytest
 
 from tests import fault_cases
-from tests.fixtures import child_env
+from tests.fixtures import child_env, upstream_env
 
 UPSTREAM_IMPORTS = """\
 from torch.testing._internal.common_distributed import (
@@ -239,7 +239,9 @@ def run_probe(imports: str) -> Dict[str, str]:
         (Path(work_dir) / "probe_lifecycle.py").write_text(PROBE.format(imports=imports))
         proc = subprocess.run(
             [sys.executable, "-c", DRIVER, work_dir], cwd=work_dir, capture_output=True,
-            text=True, timeout=1500, env=child_env({"HARNESS_DEVICE": "cpu"}),
+            text=True, timeout=1500,
+            env=(upstream_env if imports == UPSTREAM_IMPORTS else child_env)(
+                {"HARNESS_DEVICE": "cpu"}),
         )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("OUTCOMES ")]
     if not lines:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
 from harness.migrate import harness_names, migrate_source
-from tests.fixtures import child_env
+from tests.fixtures import child_env, upstream_env
 
 UPSTREAM, HARNESS = "upstream", "harness"
 
@@ -48,7 +48,8 @@ def run_probe(
         (work / "probe.py").write_text(source)
         proc = subprocess.run(
             [sys.executable, "probe.py", *args, f"--save-xml={work / 'xml'}"], cwd=work,
-            env=child_env(env), capture_output=True, text=True, timeout=timeout,
+            env=(upstream_env if under == UPSTREAM else child_env)(env), capture_output=True,
+            text=True, timeout=timeout,
         )
         return _outcomes(work), proc
 
