@@ -38,8 +38,9 @@ import pytest
 from harness import devices
 from harness.launch.case import RankedTestCase
 from harness.outcome import stacks
-from harness.outcome.merge import RankReport, rank_report
 from harness.outcome.rank_record import RankRecord
+from harness.outcome.replay import rank_report
+from harness.outcome.report import RankReport
 from harness.outcome.stacks import Frame
 from harness.process import assert_rewrite, forkserver
 from harness.process.case import MultiProcessTestCase

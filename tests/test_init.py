@@ -105,6 +105,7 @@ class LazyNamesTest(unittest.TestCase):
         code = (
             "import sys\n"
             "import harness, harness.outcome.rank_record, harness.outcome.merge\n"
+            "import harness.outcome.fold, harness.outcome.replay, harness.outcome.report\n"
             "print('torch' in sys.modules)\n"
             "from harness import TestCase\n"
             "print('torch' in sys.modules, TestCase.__module__)\n"

@@ -1,6 +1,7 @@
-"""harness.runner.junit: one <testcase> per test, failing grid points folded into it the same
-way as in the summary (records.GridFold), and records built elsewhere reported as given; each
-finished test's record on disk at once (atomically), the closing XML unchanged by that."""
+"""harness.runner.junit: one <testcase> per TestReport, failing grid points folded into it the
+same way as in the summary (harness/outcome/fold.py), and reports built elsewhere written as
+given; each finished test's report on disk at once (atomically), the closing XML unchanged by
+that."""
 
 from __future__ import annotations
 
@@ -19,20 +20,20 @@ from typing import Dict, List
 
 import pytest
 
+from harness.outcome.report import TestReport
 from harness.runner.junit import junit_result_class, stand_in_for, xml_runner
-from harness.runner.records import RunRecord
 from tests.fixtures import child_env
-from tests.test_records import _grid_cases, collect
+from tests.test_results import _grid_cases, collect
 
 WAIT_S = 240.0
 
 
-def junit_cases(*tests: unittest.TestCase, records: tuple = ()) -> Dict[str, ET.Element]:
-    """Run `tests` (then report `records`) through the JUnit result: <testcase> by name."""
+def junit_cases(*tests: unittest.TestCase, reports: tuple = ()) -> Dict[str, ET.Element]:
+    """Run `tests` (then write `reports`) through the JUnit result: <testcase> by name."""
     result = junit_result_class()(io.StringIO(), verbosity=0)
     unittest.TestSuite(tests).run(result)
-    for record in records:
-        result.add_record(stand_in_for(record), record)
+    for report in reports:
+        result.report_done(stand_in_for(report), report)
     with tempfile.TemporaryDirectory() as folder:
         result.generate_reports(xml_runner(folder))
         return {
@@ -51,7 +52,7 @@ class GridPointsInXml(unittest.TestCase):
     def setUpClass(cls) -> None:
         grid = _grid_cases()
         cls.cases = junit_cases(*(grid(name) for name in cls.NAMES))
-        cls.records = {name: collect(grid(name)) for name in cls.NAMES}
+        cls.reports = {name: collect(grid(name)) for name in cls.NAMES}
 
     def test_one_testcase_per_test(self) -> None:
         self.assertEqual(sorted(self.cases), sorted(self.NAMES))
@@ -63,8 +64,8 @@ class GridPointsInXml(unittest.TestCase):
                 failures = self.cases[name].findall("failure")
                 self.assertEqual(len(failures), 1)
                 self.assertEqual(len(self.cases[name].findall("error")), 0)
-                self.assertEqual(failures[0].get("message"), self.records[name].message)
-                self.assertEqual(failures[0].get("type"), self.records[name].exc_type)
+                self.assertEqual(failures[0].get("message"), self.reports[name].message)
+                self.assertEqual(failures[0].get("type"), self.reports[name].exc_type)
 
     def test_the_tests_own_error_follows_its_points(self) -> None:
         text = self.cases["test_failure_after_a_point"].find("failure").text
@@ -76,15 +77,81 @@ class GridPointsInXml(unittest.TestCase):
         for name in ("test_skipped_after_points", "test_every_point_skipped"):
             with self.subTest(name=name):
                 skipped = self.cases[name].find("skipped")
-                self.assertEqual(skipped.get("message"), self.records[name].message)
-                self.assertEqual(self.records[name].status, "skipped")
+                self.assertEqual(skipped.get("message"), self.reports[name].message)
+                self.assertEqual(self.reports[name].status, "skipped")
 
 
-class RecordsInXml(unittest.TestCase):
-    def test_a_fixture_record_is_reported_under_its_class(self) -> None:
-        record = RunRecord("pkg.mod.TestC.setUpClass", "pkg.mod", "error", "boom: no",
-                           "Traceback\nboom: no", "RuntimeError")
-        error = junit_cases(records=(record,))["setUpClass"].find("error")
+def _canned_ranks() -> type:
+    """A multi-rank case whose launcher hands back records written here: rank 1 failed grid
+    point n=2 (made here so that no loader collects it)."""
+    from harness.launch.case import RankedTestCase
+    from harness.launch.launcher import Launcher
+    from harness.outcome.rank_record import Event, RankRecord
+
+    traceback = ('Traceback (most recent call last):\n  File "/u/test_grid.py", line 9, in '
+                 'test_grid\n    self.assertEqual(n, 1)\nAssertionError: 2 != 1\n')
+
+    def ran(rank: int, second: str, text: str = "") -> RankRecord:
+        events = [Event("subtest", "", {"n": 1}, "pass"), Event("subtest", text, {"n": 2}, second),
+                  Event("success"), Event("done", count=2)]
+        return RankRecord(rank=rank, events=events, exitcode=0)
+
+    class Canned(Launcher):
+        def start(self, case: unittest.TestCase) -> None:
+            pass
+
+        def join(self, case: unittest.TestCase) -> tuple:
+            return [ran(0, "pass"), ran(1, "fail", traceback)], None
+
+        def close(self) -> None:
+            pass
+
+    class RankedGrid(RankedTestCase):
+        world_size = 2
+
+        def make_launcher(self) -> Launcher:
+            return Canned()
+
+        def test_grid(self) -> None:
+            """Never runs here: its ranks' records are canned."""
+
+    return RankedGrid
+
+
+class OneFailingGridPoint(unittest.TestCase):
+    """From rank 1's events to the testcase: decide's TestReport, handed to the result by the
+    supervising case (add_report), is what the XML says; the replay is not counted again."""
+
+    def test_rank_events_to_xml(self) -> None:
+        case = _canned_ranks()("test_grid")
+        result = junit_result_class()(io.StringIO(), verbosity=0)
+        case.run(result)
+        [info] = result.reports
+        report = info.report
+        self.assertEqual([(p.params, p.status) for p in report.points],
+                         [({"n": 1}, "passed"), ({"n": 2}, "failed")])
+        self.assertEqual(report.message, "1 grid point(s) failed: (n=2)")
+        with tempfile.TemporaryDirectory() as folder:
+            result.generate_reports(xml_runner(folder))
+            [path] = Path(folder).glob("TEST-*.xml")
+            suite = ET.parse(path).getroot()
+        [testcase] = suite.iter("testcase")
+        self.assertEqual((testcase.get("name"), suite.get("failures")), ("test_grid", "1"))
+        failure = testcase.find("failure")
+        self.assertEqual(failure.get("message"), "1 grid point(s) failed: (n=2)")
+        self.assertEqual(failure.get("type"), "AssertionError")
+        self.assertTrue(failure.text.startswith(
+            "grid point (n=2) failed:\nrank 1 failed this grid point:\nTraceback"), failure.text)
+        self.assertIn("AssertionError: 2 != 1", failure.text)
+        # unittest's own lists still see the replay (the text a plain runner prints)
+        self.assertEqual(len(result.failures), 1)
+
+
+class ReportsInXml(unittest.TestCase):
+    def test_a_fixture_report_is_written_under_its_class(self) -> None:
+        report = TestReport("pkg.mod.TestC.setUpClass", "pkg.mod", "error", "boom: no",
+                            "Traceback\nboom: no", "RuntimeError")
+        error = junit_cases(reports=(report,))["setUpClass"].find("error")
         self.assertEqual((error.get("type"), error.get("message")), ("RuntimeError", "boom: no"))
         self.assertIn("Traceback\nboom: no", error.text)
 

@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Tuple
 
+from harness.outcome.report import TestReport
 from harness.runner.loader import (
     SuiteLoader,
     UsageError,
@@ -23,7 +24,7 @@ from harness.runner.loader import (
     select,
     shard,
 )
-from harness.runner.records import Collector, RunRecord
+from harness.runner.results import Collector
 
 
 class _Named(unittest.TestCase):
@@ -110,7 +111,7 @@ class TestSuitesThatStopAtImport(unittest.TestCase):
         sys.path.insert(0, folder.name)
         self.addCleanup(sys.path.remove, folder.name)
 
-    def outcome(self, source: str) -> Tuple[str, RunRecord]:
+    def outcome(self, source: str) -> Tuple[str, TestReport]:
         """Load a module with this source, run what the loader made of it: (test id, record)."""
         name = f"suite_{uuid.uuid4().hex}"
         (self.folder / f"{name}.py").write_text(textwrap.dedent(source))

@@ -7,20 +7,12 @@ timeout, failing grid point) is checked without starting a process.
 from __future__ import annotations
 
 import unittest
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict
 
 from harness.outcome.collective_trace import CollectiveCall
-from harness.outcome.merge import (
-    OUTPUT_TAIL_LINES,
-    RankReport,
-    SubtestVerdict,
-    Verdict,
-    apply_verdict,
-    decide,
-    merge_subtests,
-    output_section,
-)
+from harness.outcome.merge import OUTPUT_TAIL_LINES, decide, merge_subtests, output_section
 from harness.outcome.rank_record import Event, RankRecord, signal_name
+from harness.outcome.report import Outcome, PointReport, RankReport, TestReport
 from harness.skips import TEST_SKIPS
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "t.py", line 3\nAssertionError: boom\n'
@@ -40,39 +32,39 @@ class Decide(unittest.TestCase):
     def test_all_ranks_pass(self) -> None:
         records = [done(r, Event(kind="success"), count=2) for r in range(3)]
         verdict = decide(records, None)
-        self.assertEqual(verdict, Verdict("pass", "", [], 2))
+        self.assertEqual(verdict, TestReport("", own=Outcome("passed")))
 
     def test_rank_that_raises_fails_with_its_traceback(self) -> None:
         records = [done(0, Event(kind="success")), done(1, Event(kind="failure", text=TRACEBACK))]
         verdict = decide(records, None)
-        self.assertEqual(verdict.kind, "fail")
-        head, body = verdict.message.split("\n\n", 1)
+        self.assertEqual(verdict.own.status, "failed")
+        head, body = verdict.own.detail.split("\n\n", 1)
         self.assertEqual(head, "rank 1 raised: AssertionError: boom")
         self.assertEqual(body, "rank 1 raised:\n" + TRACEBACK.rstrip())
-        self.assertNotIn("rank 0", verdict.message)
+        self.assertNotIn("rank 0", verdict.own.detail)
 
     def test_expected_failure_event_counts_as_raised(self) -> None:
         records = [done(0, Event(kind="expected_failure", text="Traceback\nValueError: x"))]
         self.assertEqual(
-            decide(records, None).message.splitlines()[0], "rank 0 raised: ValueError: x"
+            decide(records, None).own.detail.splitlines()[0], "rank 0 raised: ValueError: x"
         )
 
     def test_rank_killed_by_signal_names_rank_and_signal(self) -> None:
         records = [done(0, Event(kind="success")), RankRecord(rank=1, exitcode=-11)]
         verdict = decide(records, None)
-        self.assertEqual(verdict.kind, "fail")
-        self.assertEqual(verdict.message.splitlines()[0], "rank 1 died by signal SIGSEGV")
+        self.assertEqual(verdict.own.status, "failed")
+        self.assertEqual(verdict.own.detail.splitlines()[0], "rank 1 died by signal SIGSEGV")
 
     def test_unexpected_exit_code_names_rank_and_code(self) -> None:
         verdict = decide([done(0), RankRecord(rank=1, exitcode=3)], None)
-        self.assertEqual(verdict.kind, "fail")
-        self.assertEqual(verdict.message.splitlines()[0], "rank 1 exited with code 3")
+        self.assertEqual(verdict.own.status, "failed")
+        self.assertEqual(verdict.own.detail.splitlines()[0], "rank 1 exited with code 3")
 
     def test_exit_0_before_the_test_finished_is_a_failure(self) -> None:
         verdict = decide([RankRecord(rank=0, exitcode=0)], None)
-        self.assertEqual(verdict.kind, "fail")
+        self.assertEqual(verdict.own.status, "failed")
         self.assertEqual(
-            verdict.message.splitlines()[0], "rank 0 exited with code 0 before its test finished"
+            verdict.own.detail.splitlines()[0], "rank 0 exited with code 0 before its test finished"
         )
 
     def test_every_problem_of_every_rank_is_in_the_head(self) -> None:
@@ -80,7 +72,7 @@ class Decide(unittest.TestCase):
             done(0, Event(kind="failure", text=TRACEBACK), exitcode=-6),
             RankRecord(rank=1, exitcode=2),
         ]
-        head = decide(records, None).message.split("\n\n")[0]
+        head = decide(records, None).own.detail.split("\n\n")[0]
         self.assertEqual(
             head,
             "rank 0 raised: AssertionError: boom; rank 0 died by signal SIGABRT; "
@@ -92,7 +84,7 @@ class Decide(unittest.TestCase):
             RankRecord(rank=0, exitcode=5, problem_at=2.0),
             RankRecord(rank=1, exitcode=-11, problem_at=1.0),
         ]
-        head = decide(records, None).message.split("\n\n")[0]
+        head = decide(records, None).own.detail.split("\n\n")[0]
         self.assertEqual(head, "rank 1 died by signal SIGSEGV; rank 0 exited with code 5")
 
     def test_fail_fast_stopped_ranks_show_their_stack(self) -> None:
@@ -102,24 +94,28 @@ class Decide(unittest.TestCase):
             RankRecord(rank=2, exitcode=-9, stopped=True),
         ]
         verdict = decide(records, None)
-        self.assertEqual(verdict.message.split("\n\n")[0], "rank 0 exited with code 4")
+        self.assertEqual(verdict.own.detail.split("\n\n")[0], "rank 0 exited with code 4")
         self.assertIn(
             "rank 1 was still running and was stopped; its stack then:\nFile b.py, in wait\n\n"
             "rank 2 was still running and was stopped; its stack then:\n"
             "(no stack: the rank did not answer the dump signal)",
-            verdict.message,
+            verdict.own.detail,
         )
-        self.assertNotIn("SIGKILL", verdict.message)
+        self.assertNotIn("SIGKILL", verdict.own.detail)
 
     def test_skip_test_on_one_rank_skips_with_its_reason(self) -> None:
         records = [done(0, Event(kind="success")), done(1, Event(kind="skip", text="needs 8 GPUs"))]
-        self.assertEqual(decide(records, None), Verdict("skip", "needs 8 GPUs", [], 0))
+        self.assertEqual(
+            decide(records, None),
+            TestReport("", status="skipped", message="needs 8 GPUs",
+                       own=Outcome("skipped", "needs 8 GPUs")),
+        )
 
     def test_test_skips_exit_code_skips_with_its_message(self) -> None:
         skip = TEST_SKIPS["small_worldsize"]
         records = [RankRecord(rank=0, exitcode=skip.exit_code), done(1)]
         verdict = decide(records, None)
-        self.assertEqual((verdict.kind, verdict.message), ("skip", skip.message))
+        self.assertEqual((verdict.status, verdict.message), ("skipped", skip.message))
 
     def test_a_failing_rank_beats_a_skipping_rank(self) -> None:
         records = [
@@ -127,8 +123,8 @@ class Decide(unittest.TestCase):
             done(1, Event(kind="failure", text=TRACEBACK)),
         ]
         verdict = decide(records, None)
-        self.assertEqual(verdict.kind, "fail")
-        self.assertTrue(verdict.message.startswith("rank 1 raised"))
+        self.assertEqual(verdict.own.status, "failed")
+        self.assertTrue(verdict.own.detail.startswith("rank 1 raised"))
 
     def test_timeout_names_running_ranks_and_shows_their_stacks(self) -> None:
         records = [
@@ -137,9 +133,9 @@ class Decide(unittest.TestCase):
             RankRecord(rank=2, stopped=True, exitcode=-9),
         ]
         verdict = decide(records, 2.5)
-        self.assertEqual(verdict.kind, "fail")
+        self.assertEqual(verdict.own.status, "failed")
         self.assertEqual(
-            verdict.message,
+            verdict.own.detail,
             "timed out after 2.5 s with rank 1, rank 2 still running\n\n"
             "Python stacks of the ranks still running:\n"
             "--- stack of rank 1 ---\nFile a.py, line 9, in body\n"
@@ -148,7 +144,7 @@ class Decide(unittest.TestCase):
 
     def test_timeout_also_reports_ranks_that_failed(self) -> None:
         records = [RankRecord(rank=0, exitcode=7), RankRecord(rank=1, stopped=True, stack="s")]
-        message = decide(records, 60.0).message
+        message = decide(records, 60.0).own.detail
         self.assertTrue(message.startswith("timed out after 60 s with rank 1 still running"))
         self.assertTrue(message.endswith("\n\nrank 0 exited with code 7"))
 
@@ -158,17 +154,13 @@ class Decide(unittest.TestCase):
             done(1, output=""),
             done(2, output="bye"),
         ]
-        message = decide(records, None).message
+        message = decide(records, None).own.detail
         self.assertTrue(
             message.endswith(
                 "captured output:\n[rank 0] hello\n[rank 0] world\n[rank 2] bye"
             ),
             message,
         )
-
-    def test_grid_points_is_the_most_any_rank_ran(self) -> None:
-        verdict = decide([done(0, count=3), done(1, count=5)], None)
-        self.assertEqual(verdict.grid_points, 5)
 
     def test_failing_grid_point_is_reported_with_its_params(self) -> None:
         records = [
@@ -177,11 +169,11 @@ class Decide(unittest.TestCase):
         ]
         verdict = decide(records, None)
         self.assertEqual(
-            verdict.subtests,
+            verdict.points,
             [
-                SubtestVerdict({"n": 1}, "pass", ""),
-                SubtestVerdict(
-                    {"n": 2}, "fail", "rank 0 failed this grid point:\ntb0",
+                PointReport({"n": 1}, "passed"),
+                PointReport(
+                    {"n": 2}, "failed", "rank 0 failed this grid point:\ntb0", "AssertionError",
                     RankReport("rank 0", "tb0", [], []),
                 ),
             ],
@@ -206,7 +198,7 @@ class CauseFirst(unittest.TestCase):
                        stack='  File "/u/test_x.py", line 6, in test_x'),
         ]
         verdict = decide(records, None)
-        head, body = verdict.message.split("\n\n", 1)
+        head, body = verdict.own.detail.split("\n\n", 1)
         self.assertEqual(
             head,
             "rank 1 died by signal SIGABRT; rank 0 raised as a consequence: "
@@ -237,12 +229,12 @@ class CauseFirst(unittest.TestCase):
         ]
         verdict = decide(records, 8.0)
         self.assertEqual(
-            verdict.message.splitlines()[0],
+            verdict.own.detail.splitlines()[0],
             "timed out after 8 s with rank 0, rank 1 still running; rank 1 hung first "
             "(in no collective, the others wait in one)",
         )
-        self.assertLess(verdict.message.index("stack of rank 1"),
-                        verdict.message.index("stack of rank 0"))
+        self.assertLess(verdict.own.detail.index("stack of rank 1"),
+                        verdict.own.detail.index("stack of rank 0"))
         self.assertEqual((verdict.lead.label, verdict.lead.hang), ("rank 1", True))
 
 
@@ -254,7 +246,7 @@ class MergeSubtests(unittest.TestCase):
         ]
         self.assertEqual(
             [(v.params, v.status) for v in merge_subtests(records)],
-            [({"a": 2}, "pass"), ({"a": 1}, "pass"), ({"a": 3}, "pass")],
+            [({"a": 2}, "passed"), ({"a": 1}, "passed"), ({"a": 3}, "passed")],
         )
 
     def test_param_order_does_not_split_a_point(self) -> None:
@@ -264,7 +256,7 @@ class MergeSubtests(unittest.TestCase):
         ]
         merged = merge_subtests(records)
         self.assertEqual(len(merged), 1)
-        self.assertEqual(merged[0].status, "fail")
+        self.assertEqual(merged[0].status, "failed")
 
     def test_every_failing_rank_text_is_kept(self) -> None:
         records = [
@@ -273,10 +265,11 @@ class MergeSubtests(unittest.TestCase):
         self.assertEqual(
             merge_subtests(records),
             [
-                SubtestVerdict(
+                PointReport(
                     {"k": None},
-                    "fail",
+                    "failed",
                     "rank 0 failed this grid point:\ntb0\nrank 1 failed this grid point:\ntb1",
+                    "AssertionError",
                     RankReport("rank 0", "tb0", [], [("rank 1 failed this grid point", "tb1")]),
                 )
             ],
@@ -284,12 +277,12 @@ class MergeSubtests(unittest.TestCase):
 
     def test_skip_only_when_every_rank_skipped(self) -> None:
         all_skip = [RankRecord(rank=r, events=[point({"p": 0}, "skip", "no")]) for r in (0, 1)]
-        self.assertEqual(merge_subtests(all_skip), [SubtestVerdict({"p": 0}, "skip", "no")])
+        self.assertEqual(merge_subtests(all_skip), [PointReport({"p": 0}, "skipped", "no")])
         one_skip = [
             RankRecord(rank=0, events=[point({"p": 0}, "skip", "no")]),
             RankRecord(rank=1, events=[point({"p": 0}, "pass")]),
         ]
-        self.assertEqual(merge_subtests(one_skip), [SubtestVerdict({"p": 0}, "pass", "")])
+        self.assertEqual(merge_subtests(one_skip), [PointReport({"p": 0}, "passed")])
 
     def test_non_subtest_events_are_ignored(self) -> None:
         records = [done(0, Event(kind="failure", text="x"), Event(kind="success"))]
@@ -303,16 +296,16 @@ class SignalName(unittest.TestCase):
         self.assertEqual(signal_name(6), "SIGABRT")
         self.assertEqual(signal_name(999), "999")
         verdict = decide([RankRecord(rank=0, exitcode=-999)], None)
-        self.assertEqual(verdict.message, "rank 0 died by signal 999")
+        self.assertEqual(verdict.own.detail, "rank 0 died by signal 999")
 
     def test_exit_code_after_the_test_finished_still_fails(self) -> None:
         verdict = decide([RankRecord(rank=0, events=[Event("done")], exitcode=1)], None)
-        self.assertEqual(verdict.kind, "fail")
-        self.assertEqual(verdict.message, "rank 0 exited with code 1 after its test finished")
+        self.assertEqual(verdict.own.status, "failed")
+        self.assertEqual(verdict.own.detail, "rank 0 exited with code 1 after its test finished")
 
     def test_one_line_problem_is_not_repeated_and_blank_output_adds_nothing(self) -> None:
         verdict = decide([RankRecord(rank=1, exitcode=-11, output="\n")], None)
-        self.assertEqual(verdict.message, "rank 1 died by signal SIGSEGV")
+        self.assertEqual(verdict.own.detail, "rank 1 died by signal SIGSEGV")
 
 
 class OutputSection(unittest.TestCase):
@@ -326,70 +319,3 @@ class OutputSection(unittest.TestCase):
 
     def test_no_output_no_section(self) -> None:
         self.assertEqual(output_section([RankRecord(rank=0), RankRecord(rank=1, output="")]), "")
-
-
-class SubtestsSeen(unittest.TestResult):
-    """A TestResult that keeps every subtest it is told of, passing ones included."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.points: List[Tuple[Dict[str, Any], Any]] = []
-
-    def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802 - unittest's
-        super().addSubTest(test, subtest, err)
-        self.points.append((dict(subtest.params), err))
-
-
-class ApplyVerdict(unittest.TestCase):
-    """apply_verdict inside a real case, executed by unittest through a TestResult."""
-
-    def run_case(self, verdict: Verdict) -> Tuple[unittest.TestResult, unittest.TestCase]:
-        class Supervised(unittest.TestCase):
-            def test_body(self) -> None:
-                apply_verdict(self, verdict)
-
-        case = Supervised("test_body")
-        result = SubtestsSeen()
-        case.run(result)
-        return result, case
-
-    def test_pass(self) -> None:
-        result, case = self.run_case(
-            Verdict("pass", "", [SubtestVerdict({"n": 1}, "pass", "")], 4)
-        )
-        self.assertTrue(result.wasSuccessful())
-        self.assertEqual((result.testsRun, result.skipped), (1, []))
-        self.assertEqual(result.points, [({"n": 1}, None)])  # passing points are replayed too
-        self.assertEqual(set(vars(case)) - set(vars(unittest.TestCase("run"))), set())
-
-    def test_fail(self) -> None:
-        result, case = self.run_case(Verdict("fail", "rank 1 exited with code 3", [], 0))
-        self.assertEqual(len(result.failures), 1)
-        failed, text = result.failures[0]
-        self.assertIs(failed, case)
-        self.assertIn("AssertionError: rank 1 exited with code 3", text)
-        self.assertNotIn("harness/outcome/merge.py", text)  # the harness's own frames are hidden
-
-    def test_skip(self) -> None:
-        result, case = self.run_case(Verdict("skip", "needs 8 GPUs", [], 0))
-        self.assertEqual(result.skipped, [(case, "needs 8 GPUs")])
-        self.assertEqual(result.failures, [])
-
-    def test_failing_grid_point_is_a_subtest_failure_with_params(self) -> None:
-        subtests = [
-            SubtestVerdict({"n": 1}, "pass", ""),
-            SubtestVerdict({"n": 2, "mode": "x"}, "fail", "rank 0 failed this grid point:\ntb"),
-            SubtestVerdict({"n": 3}, "skip", "not here"),
-        ]
-        result, case = self.run_case(Verdict("fail", "rank 0 raised", subtests, 3))
-        descriptions = [(str(test), text) for test, text in result.failures]
-        self.assertEqual(len(descriptions), 2)
-        sub_desc, sub_text = descriptions[0]
-        self.assertTrue(sub_desc.endswith(" (n=2, mode='x')"), sub_desc)
-        self.assertIn("AssertionError: rank 0 failed this grid point:\ntb", sub_text)
-        self.assertEqual(descriptions[1][0], str(case))
-        self.assertIn("AssertionError: rank 0 raised", descriptions[1][1])
-        (skipped_test, reason), = result.skipped
-        self.assertTrue(str(skipped_test).endswith(" (n=3)"))
-        self.assertEqual(reason, "not here")
-

@@ -8,9 +8,9 @@ import threading
 import time
 import unittest
 
+from harness.outcome.report import TestReport
 from harness.runner.lifecycle import STOP_SIGNALS
 from harness.runner.progress import Progress
-from harness.runner.records import RunRecord
 
 
 def blocked_signals(thread: threading.Thread) -> set:
@@ -32,14 +32,14 @@ class ProgressTest(unittest.TestCase):
             time.sleep(0.02)
         self.assertIn("[0/2]", out.getvalue())
         self.assertIn("running mod.Class.test_slow", out.getvalue())
-        progress.finish(RunRecord("mod.Class.test_slow", "mod", "failed", "boom"))
+        progress.finish(TestReport("mod.Class.test_slow", "mod", "failed", "boom"))
         self.assertIn("FAIL  mod.Class.test_slow", out.getvalue())
 
     def test_verbose_lines_give_a_skips_reason(self) -> None:
         out = io.StringIO()
         progress = Progress(2, out, verbosity=2, interval=30.0)
-        progress.finish(RunRecord("mod.C.test_a", "mod", "skipped", "needs 2 GPUs", duration=0.5))
-        progress.finish(RunRecord("mod.C.test_b", "mod", "passed"))
+        progress.finish(TestReport("mod.C.test_a", "mod", "skipped", "needs 2 GPUs", duration=0.5))
+        progress.finish(TestReport("mod.C.test_b", "mod", "passed"))
         self.assertEqual(out.getvalue().splitlines(), [
             "[1/2] skip  mod.C.test_a (0.50s): needs 2 GPUs",
             "[2/2] ok    mod.C.test_b (0.00s)",

@@ -303,7 +303,7 @@ def test_under_xdist_grid_points_with_any_params_reach_the_controller(tmp_path: 
     (tmp_path / "test_grid.py").write_text(XDIST_FILE)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
-         "-n", "2", "-rA", "test_grid.py"],
+         "-n", "1", "-rA", "test_grid.py"],
         cwd=tmp_path, env=_env(PYTHONPATH=str(ROOT), COLUMNS="300"), capture_output=True,
         text=True, timeout=600,
     )

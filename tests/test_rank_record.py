@@ -18,9 +18,9 @@ from harness.outcome.rank_record import (
     RankRecord,
     RecordSink,
     ReportingResult,
-    Shown,
     picklable_params,
 )
+from harness.outcome.report import Shown
 from harness.skips import TEST_SKIPS
 
 

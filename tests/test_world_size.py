@@ -29,8 +29,7 @@ from tests.fixtures import world_size_cases as cases
 
 
 def knobs(**values: str) -> mock._patch:
-    """The world-size knobs cleared, then `values` set (no accelerator is mocked: this machine
-    has none, and `gpus` below pretends some)."""
+    """The world-size knobs cleared, then `values` set (the accelerators are `gpus` below)."""
     cleared = {name: "" for name in ("HARNESS_WORLD_SIZE", "HARNESS_ALLOW_CPU", "HARNESS_DEVICE")}
     return mock.patch.dict(os.environ, {**cleared, **values})
 
@@ -51,6 +50,7 @@ class WorldSizeTest(unittest.TestCase):
         patch = knobs()
         patch.start()
         self.addCleanup(patch.stop)
+        self.use_gpus(0)  # the same answers on a machine with GPUs (found on an H100)
 
     def use_gpus(self, count: int) -> None:
         for patch in gpus(count):

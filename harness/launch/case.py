@@ -5,7 +5,8 @@ runner holds supervises: its setUp, tearDown and cleanups run once, here; the cl
 launcher (`make_launcher()`) starts the ranks when setUp calls upstream's `_spawn_processes()`
 / `_spawn_threads()` (or, if it does not, when the test method begins), so the ranks see the
 environment setUp prepared; the test method joins them and turns their records into the
-test's outcome (harness/outcome/merge.py). Each rank runs its own instance, which the
+test's TestReport (harness/outcome/merge.py), handed to the runner's result and replayed into
+unittest's API (`report_outcome`). Each rank runs its own instance, which the
 launcher hands a RankContext (`attach_rank`): there only the test method runs, between the
 base's own rank set-up and tear-down (`rank_set_up`, `rank_tear_down`: FSDPTest's group,
 a thread's `perThreadSetUp`), never the class's setUp or tearDown. Those three are the
@@ -24,8 +25,11 @@ from harness import devices
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher, RankSetup
 from harness.launch.routing import route_test_method
-from harness.outcome.merge import apply_verdict, decide
+from harness.outcome.fold import hand_report
+from harness.outcome.merge import decide
 from harness.outcome.rank_record import RankRecord
+from harness.outcome.replay import replay
+from harness.outcome.report import TestReport
 from harness.skip_codes import SKIP_BY_EXIT_CODE
 from harness.skips import check_case_requirements
 from harness.testcase import TestCase, current_seed, seed_everything
@@ -74,6 +78,7 @@ class RankedTestCase(TestCase):
         self.rank_records: List[RankRecord] = []
         self.ranks_timed_out_after: Optional[float] = None  # with rank_records: the timeout hit
         self._launcher: Optional[Launcher] = None
+        self._result: Any = None  # the result this run reports to (see `run`)
         self._exited_early = False  # in a rank: its test method called sys.exit(0)
         self._settings_fixed = False  # the supervisor checked the settings, fixed the world size
         route_test_method(self, self._join_ranks)
@@ -86,6 +91,15 @@ class RankedTestCase(TestCase):
     def make_launcher(self) -> Launcher:
         """The launcher that runs this class's ranks (each mode's base says which)."""
         raise NotImplementedError(f"{type(self).__name__} does not say how its ranks run")
+
+    def run(self, result: Any = None) -> Any:
+        """unittest's run, remembering the result it reports to: the supervisor hands that
+        result the test's report (`report_outcome`)."""
+        self._result = result
+        try:
+            return super().run(result)
+        finally:
+            self._result = None
 
     def setUp(self) -> None:
         super().setUp()  # TestCase's: the declared requirements, checked once per test
@@ -140,7 +154,15 @@ class RankedTestCase(TestCase):
     def _judge_ranks(self) -> None:
         """Turn `rank_records` into the test's outcome (process cases add upstream's
         return-code API around it)."""
-        apply_verdict(self, decide(self.rank_records, self.ranks_timed_out_after))
+        self.report_outcome(decide(self.rank_records, self.ranks_timed_out_after,
+                                   test_id=self.id()))
+
+    def report_outcome(self, report: TestReport) -> None:
+        """The supervisor's last step: hand the test's report to the run's result when it
+        takes one (`add_report`: the harness's reporters read that), then replay it into
+        unittest's API (what plain unittest runners and pytest see)."""
+        hand_report(self._result, self, report)
+        replay(self, report)
 
     def _meet_deadline(self) -> None:
         """Cap the timeout so that the ranks are stopped and reported before `deadline`."""

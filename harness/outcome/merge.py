@@ -1,67 +1,38 @@
-"""The one merge: every rank's RankRecord of a test, turned into that test's outcome.
+"""The one merge: every rank's RankRecord of a test, turned into that test's TestReport.
 
 Whatever mode ran the ranks (fresh or shared processes, threads, torchrun), `decide` applies
 DESIGN.md's rules (what counts as a failure, a skip or a timeout, and what the message
-says) and `apply_verdict` reports the result as the supervising case's own outcome, each
-grid point replayed as a subtest. Kept free of process and thread handling so the rules can
+says), merges the grid points the ranks ran, and folds both into the test's one report
+(fold.py), which every reporter reads; replay.py reports it through unittest's API as the
+supervising case's own outcome. Kept free of process and thread handling so the rules can
 be read, and tested, in one place.
 """
 
 from __future__ import annotations
 
-import unittest
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from harness.outcome import stacks
 from harness.outcome.collective_trace import collectives_section, disagreement, waiting_in
+from harness.outcome.fold import fold
 from harness.outcome.rank_record import RankRecord
+from harness.outcome.report import (
+    ERROR,
+    FAILED,
+    PASSED,
+    SKIPPED,
+    Outcome,
+    PointReport,
+    RankReport,
+    TestReport,
+)
 from harness.outcome.stacks import Frame
-
-# unittest (and pytest) hide frames of modules that define these: a verdict's report is the
-# ranks' story, not the frames that raise it here.
-__unittest = True
-__tracebackhide__ = True
 
 OUTPUT_TAIL_LINES = 200
 CONSEQUENCE_LINE = 100  # characters of a consequence's exception line kept in the head
 
 
-class RankReport(NamedTuple):
-    """A failure's report in parts, for runners that lay it out themselves (the pytest plugin):
-    what failed first (`label`: "rank 1"; `message`: its exception line, or what happened to
-    it), where (`frames`, oldest first, harness frames hidden) and the other sections, titled.
-    """
-
-    label: str
-    message: str
-    frames: List[Frame]
-    sections: List[Tuple[str, str]]
-    hang: bool = False  # the test timed out: `frames` are where the rank waits
-
-
 ExitAccepted = Callable[[int, int], bool]
-
-
-class RankError(RuntimeError):
-    """A rank raised an exception other than an assertion's: the test is an error, as
-    unittest reports such an exception in a single process (upstream raises RuntimeError)."""
-
-
-class SubtestVerdict(NamedTuple):
-    """One grid point, merged over ranks: fail if any rank failed it, skip if every rank did."""
-
-    params: Dict[str, Any]
-    status: str  # "pass" | "fail" | "skip"
-    text: str
-    lead: Optional[RankReport] = None
-
-
-class Verdict(NamedTuple):
-    kind: str  # "pass" | "fail" | "error" | "skip"
-    message: str
-    subtests: List[SubtestVerdict]
-    grid_points: int
-    lead: Optional[RankReport] = None  # a failure's report in parts
 
 
 class Problem(NamedTuple):
@@ -141,14 +112,22 @@ def ordered_problems(
 
 def decide(
     records: List[RankRecord], timed_out_after: Optional[float],
-    exit_accepted: Optional[ExitAccepted] = None,
-) -> Verdict:
-    """The test's outcome from every rank's record, by DESIGN.md's rules.
+    exit_accepted: Optional[ExitAccepted] = None, test_id: str = "",
+) -> TestReport:
+    """The test's report from every rank's record, by DESIGN.md's rules.
 
     `exit_accepted(rank, exitcode)` names exits the test expects (no problem then).
     """
-    subtests = merge_subtests(records)
-    grid_points = max((r.grid_points for r in records), default=0)
+    return fold(test_id, merge_subtests(records), own_outcome(records, timed_out_after,
+                                                               exit_accepted))
+
+
+def own_outcome(
+    records: List[RankRecord], timed_out_after: Optional[float],
+    exit_accepted: Optional[ExitAccepted] = None,
+) -> Outcome:
+    """How the test itself ended in its ranks, grid points aside: its message's first line
+    (the head), the whole report, and the report in parts."""
     failing = sorted(
         (r for r in records if r.problems(exit_accepted)), key=lambda r: (r.problem_at, r.rank)
     )
@@ -172,7 +151,7 @@ def decide(
             + [p.section() for p in problems],
             hang=True,
         )
-        return Verdict("fail", report(head, sections, records), subtests, grid_points, lead)
+        return Outcome(FAILED, head, report(head, sections, records), "AssertionError", lead)
     if failing:
         problems = ordered_problems(failing, exit_accepted)
         head = "; ".join(p.headline() for p in problems)
@@ -195,14 +174,16 @@ def decide(
         # than an assertion's is an error; a crash, a signal or an exit code is a failure.
         raised = lead_problem.head == f"rank {lead_problem.rank} raised"
         errored = raised and any(r.rank == lead_problem.rank and r.raised_error() for r in failing)
-        return Verdict("error" if errored else "fail", message, subtests, grid_points, lead)
+        if errored:
+            return Outcome(ERROR, head, message, "RankError", lead)
+        return Outcome(FAILED, head, message, "AssertionError", lead)
     reasons = [reason for reason in (r.skip_reason() for r in records) if reason is not None]
     if reasons:
-        return Verdict("skip", reasons[0], subtests, grid_points)
-    return Verdict("pass", "", subtests, grid_points)
+        return Outcome(SKIPPED, reasons[0])
+    return Outcome(PASSED)
 
 
-def merge_subtests(records: List[RankRecord]) -> List[SubtestVerdict]:
+def merge_subtests(records: List[RankRecord]) -> List[PointReport]:
     """Every grid point any rank ran, in first-seen order, with each rank's failure text."""
     points: Dict[str, Dict[str, Any]] = {}
     for record in records:
@@ -218,7 +199,7 @@ def merge_subtests(records: List[RankRecord]) -> List[SubtestVerdict]:
                 point["failed"].append((record.rank, event.text))
             elif event.status == "skip":
                 point["skipped"].append(event.text)
-    verdicts = []
+    merged = []
     for point in points.values():
         if point["failed"]:
             text = "\n".join(
@@ -230,12 +211,12 @@ def merge_subtests(records: List[RankRecord]) -> List[SubtestVerdict]:
                 f"rank {rank}", stacks.exception_text(first), where(first),
                 [(f"rank {r} failed this grid point", tb) for r, tb in others],
             )
-            verdicts.append(SubtestVerdict(point["params"], "fail", text, lead))
+            merged.append(PointReport(point["params"], FAILED, text, "AssertionError", lead))
         elif len(point["skipped"]) == point["ranks"]:
-            verdicts.append(SubtestVerdict(point["params"], "skip", point["skipped"][0]))
+            merged.append(PointReport(point["params"], SKIPPED, point["skipped"][0]))
         else:
-            verdicts.append(SubtestVerdict(point["params"], "pass", ""))
-    return verdicts
+            merged.append(PointReport(point["params"], PASSED))
+    return merged
 
 
 def titled(section: str) -> Tuple[str, str]:
@@ -301,35 +282,3 @@ def report(head: str, body: List[Tuple[str, str]], records: List[RankRecord]) ->
         parts.append(f"{title}:\n{stacks.clean_traceback(text)}" if title else text)
     parts.append(output_section(records))
     return "\n\n".join(p for p in parts if p)
-
-
-def apply_verdict(case: unittest.TestCase, verdict: Verdict) -> None:
-    """Report a verdict as the supervising case's own outcome.
-
-    Every grid point the ranks ran becomes the case's subtest with its params (so failing
-    points are reported one by one); then the case fails or skips with the verdict's message.
-    """
-    for point in verdict.subtests:
-        with case.subTest(**point.params):
-            if point.status == "fail":
-                raise with_report(case.failureException(point.text), point.lead)
-            if point.status == "skip":
-                raise unittest.SkipTest(point.text)
-    if verdict.kind == "fail":
-        raise with_report(case.failureException(verdict.message), verdict.lead)
-    if verdict.kind == "error":
-        raise with_report(RankError(verdict.message), verdict.lead)
-    if verdict.kind == "skip":
-        raise unittest.SkipTest(verdict.message)
-
-
-def with_report(error: BaseException, lead: Optional[RankReport]) -> BaseException:
-    """`error`, carrying its report in parts as `rank_report` (read by harness/pytest_plugin.py)."""
-    error.rank_report = lead  # type: ignore[attr-defined]
-    return error
-
-
-def rank_report(error: BaseException) -> Optional[RankReport]:
-    """The report in parts a multi-rank failure carries, else None."""
-    lead = getattr(error, "rank_report", None)
-    return lead if isinstance(lead, RankReport) else None

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from harness.outcome.collective_trace import CollectiveCall
+from harness.outcome.report import Shown, params_from_json, params_to_json
 from harness.skip_codes import SKIP_BY_EXIT_CODE
 
 ExcInfo = Tuple[Any, Any, Any]
@@ -41,14 +42,6 @@ class Event(NamedTuple):
     params: Optional[Dict[str, Any]] = None
     status: str = ""
     count: int = 0
-
-
-class Shown(str):
-    """A parameter value that could not cross to the parent, kept as its repr so it displays
-    the same."""
-
-    def __repr__(self) -> str:
-        return str(self)
 
 
 def picklable_params(params: Dict[str, Any]) -> Dict[str, Any]:
@@ -184,29 +177,17 @@ class RankRecord:
         )
 
 
-_JSON_SAFE = (str, int, float, bool, type(None))
-
-
 def _event_to_json(event: Event) -> Dict[str, Any]:
     data = event._asdict()
     if event.params is not None:
-        # Each value is tagged: "v" kept as is, "r" its repr (a tuple would come back a list).
-        data["params"] = {
-            name: ["v", value] if type(value) in _JSON_SAFE else ["r", repr(value)]
-            for name, value in event.params.items()
-        }
+        data["params"] = params_to_json(event.params)
     return data
 
 
 def _event_from_json(data: Dict[str, Any]) -> Event:
     params = data.get("params")
     if params is not None:
-        data = {
-            **data,
-            "params": {
-                name: value if tag == "v" else Shown(value) for name, (tag, value) in params.items()
-            },
-        }
+        data = {**data, "params": params_from_json(params)}
     return Event(**data)
 
 

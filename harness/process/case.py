@@ -22,8 +22,10 @@ from harness import devices
 from harness.launch.case import SUPERVISOR_RANK, RankedTestCase, assign
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher, RankSetup
-from harness.outcome.merge import apply_verdict, decide
+from harness.outcome.fold import with_own_problem
+from harness.outcome.merge import decide
 from harness.outcome.rank_record import RankRecord, raised_in_rank
+from harness.outcome.report import FAILED, PASSED, Outcome
 from harness.process.launchers import FreshProcesses, process_launcher
 from harness.skip_codes import TEST_SKIPS
 from harness.world_size import BaseWorldSize, world_size_of
@@ -165,14 +167,17 @@ class MultiProcessTestCase(RankedTestCase):
         def exit_accepted(rank: int, exitcode: int) -> bool:
             return accept_any or (expected is not None and exitcode == expected)
 
-        verdict = decide(self.rank_records, self.ranks_timed_out_after, exit_accepted)
-        if expected is not None and verdict.kind == "pass" and self.processes:
+        report = decide(self.rank_records, self.ranks_timed_out_after, exit_accepted, self.id())
+        if expected is not None and report.own.status == PASSED and self.processes:
             first = self.processes[0]
             if first.exitcode != expected:
-                verdict = verdict._replace(kind="fail", message=(
+                message = (
                     f"Expected exit code {expected} but got {first.exitcode} for pid: {first.pid}"
-                ))
-        apply_verdict(self, verdict)
+                )
+                report = with_own_problem(
+                    report, Outcome(FAILED, message, message, "AssertionError")
+                )
+        self.report_outcome(report)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The engine behind run_all.py: runs a plan, folds results, prints the summary.
+"""The engine behind run_all.py: runs a plan, reads each test's TestReport, prints the summary.
 
 Also runs the tests of `run_tests()` under torchrun, where every rank runs the same plan (its
 multi-rank tests meet through torchrun's launcher, harness/process/torchrun.py); only rank 0
@@ -17,12 +17,13 @@ from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from harness import devices
 from harness.compat import cpu_defaults as compat_cpu_defaults
+from harness.outcome.report import TestReport
 from harness.process import forkserver, torchrun
 from harness.runner import lifecycle, parallel
 from harness.runner.junit import junit_result_class, stand_in_for, xml_runner
 from harness.runner.loader import Plan
 from harness.runner.progress import Progress, progress_interval
-from harness.runner.records import FAILED, Collector, RunRecord
+from harness.runner.results import Collector
 
 SEPARATOR = "=" * 70
 
@@ -62,8 +63,8 @@ class Engine:
     def __init__(self, plan: Plan, options: Options) -> None:
         self.plan, self.options = plan, options
         self.stats: Dict[str, SuiteStats] = {module: SuiteStats() for module, _ in plan}
-        self.failures: List[Tuple[Tuple[int, int], RunRecord]] = []  # (place, record)
-        self.xml_records: List[Tuple[Tuple[int, int], Any, RunRecord]] = []
+        self.failures: List[Tuple[Tuple[int, int], TestReport]] = []  # (place, report)
+        self.xml_reports: List[Tuple[Tuple[int, int], Any, TestReport]] = []
         self.arrivals = 0
         self.aborted = ""
         self.interrupted_by: Optional[int] = None  # the signal that stopped the run
@@ -84,22 +85,22 @@ class Engine:
         self.progress.start(test.id())
 
     def _recorded(
-        self, test: Any, record: RunRecord, place: Optional[Tuple[int, int]] = None
+        self, test: Any, report: TestReport, place: Optional[Tuple[int, int]] = None
     ) -> None:
-        """A finished test's (or fixture's) record; `place` orders failures and the XML as
-        the plan does (-j: records arrive as tests finish), else the order of arrival."""
+        """A finished test's (or fixture's) report; `place` orders failures and the XML as
+        the plan does (-j: reports arrive as tests finish), else the order of arrival."""
         with lifecycle.deferred_signals():  # a finished test is counted and in the XML, or neither
             self.arrivals += 1
-            self._record(test, record, place or (0, self.arrivals))
+            self._record(test, report, place or (0, self.arrivals))
 
-    def _record(self, test: Any, record: RunRecord, place: Tuple[int, int]) -> None:
+    def _record(self, test: Any, record: TestReport, place: Tuple[int, int]) -> None:
         if self.torchrun is not None and self.torchrun.out_of_step and not self.aborted:
             self.aborted = self.torchrun.out_of_step
             self.collector.stop()
         stats = self.stats[record.suite]
         stats.grid_points += record.grid_points
         stats.note = getattr(test, "import_note", "") or stats.note
-        if record.status in FAILED:
+        if record.failed:
             stats.failed += 1
             self.failures.append((place, record))
             if self.options.failfast:
@@ -111,8 +112,8 @@ class Engine:
         self.progress.finish(record)
         if self.junit is not None:
             stand_in = test if isinstance(test, unittest.TestCase) else stand_in_for(record)
-            self.xml_records.append((place, stand_in, record))
-            self.junit_now.add_record(stand_in, record)  # on disk, should the run be killed
+            self.xml_reports.append((place, stand_in, record))
+            self.junit_now.report_done(stand_in, record)  # on disk, should the run be killed
 
     def _preload_suites(self) -> None:
         """Have the forkserver import every suite of the plan when it starts, so each rank
@@ -192,8 +193,8 @@ class Engine:
             if adapted is not None:
                 print(adapted, file=out)
         if self.junit is not None:
-            for _, stand_in, record in sorted(self.xml_records, key=lambda entry: entry[0]):
-                self.junit.add_record(stand_in, record)
+            for _, stand_in, record in sorted(self.xml_reports, key=lambda entry: entry[0]):
+                self.junit.report_done(stand_in, record)
             os.makedirs(self.options.xml_dir, exist_ok=True)
             self.junit.generate_reports(xml_runner(self.options.xml_dir))
             print(f"JUnit XML written to {self.options.xml_dir}/", file=out)

@@ -1,49 +1,137 @@
-"""JUnit XML through unittest-xml-reporting (xmlrunner), with one testcase per test.
+"""JUnit XML in unittest-xml-reporting's (xmlrunner's) format, one testcase per TestReport.
 
-xmlrunner writes one testcase per unittest event, so a test with three failing grid points
-would appear as three failures; the result class here folds them into one testcase through
-`records.GridFold` (the fold the summary uses too), and can report records built elsewhere
-(by the engine, or fixture results that belong to no test method, through `stand_in_for`).
+The result class here is xmlrunner's, for its text output and its XML writer, but the
+testcases it writes come from TestReports (harness/outcome/report.py), never from
+xmlrunner's per-event lists: a test with three failing grid points is one testcase with one
+failure listing them, a multi-rank test is the report its ranks' merge built. Reports
+arrive as tests finish in this process (`ReportingTestResult` builds or takes them) or, from
+run_all.py's engine, built elsewhere (`report_done`; fixture results that belong to no test
+method through `stand_in_for`).
 
-Each finished test rewrites its class's file (`write_each_test_to`), atomically (a temp file
-renamed over it), so a run killed by CI after its timeout, even with SIGKILL, leaves the
-record of every test that finished; the closing XML is the same as if written only at the end.
+Each report rewrites its class's file at once when asked (`write_each_test_to`), atomically
+(a temp file renamed over it), so a run killed by CI after its timeout, even with SIGKILL,
+leaves the record of every test that finished; the closing XML is the same as if written
+only at the end.
 """
 
 from __future__ import annotations
 
+import datetime
+import inspect
 import os
-import time
+import sys
 import unittest
-from typing import Any, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from harness.runner.records import (
-    GridFold,
-    RunRecord,
-    formatted,
-    interrupted_now,
-    reported_exc_info,
-)
+from harness.outcome.fold import ReportingTestResult
+from harness.outcome.report import ERROR, FAILED, PASSED, SKIPPED, TestReport
+
+# xmlrunner's order of testcases within a file: by outcome, then as they finished.
+OUTCOME_ORDER = (PASSED, FAILED, ERROR, SKIPPED)
+
+
+def source_of(test: Any) -> Tuple[Optional[str], Optional[int], Optional[str]]:
+    """(file, line, docstring) of a test's method, as xmlrunner finds them; a stand-in's
+    module file only."""
+    if getattr(test, "stand_in", False):
+        module = sys.modules.get(type(test).__module__)
+        try:
+            return inspect.getsourcefile(module) if module else None, None, None  # type: ignore[arg-type]
+        except TypeError:  # a built-in module
+            return None, None, None
+    try:
+        method = getattr(test, test._testMethodName)
+        filename = inspect.getsourcefile(type(test))
+        method = getattr(method, "func", method)
+        _, lineno = inspect.getsourcelines(method)
+        return filename, lineno, method.__doc__
+    except (AttributeError, OSError, TypeError):
+        return None, None, None
 
 
 def junit_result_class() -> type:
-    """xmlrunner's result, with one testcase per test: failing grid points are folded into it."""
+    """xmlrunner's result, writing one testcase per TestReport."""
     from xml.dom.minidom import Document
 
-    from xmlrunner.result import _XMLTestResult, testcase_name
+    from xmlrunner.result import _TestInfo, _XMLTestResult, testcase_name
 
-    class JUnitResult(_XMLTestResult):
+    class ReportInfo(_TestInfo):
+        """What xmlrunner's writer reads of a testcase, taken from a TestReport."""
+
+        OUTCOMES = {PASSED: _TestInfo.SUCCESS, FAILED: _TestInfo.FAILURE,
+                    ERROR: _TestInfo.ERROR, SKIPPED: _TestInfo.SKIP}
+
+        def __init__(self, test: Any, report: TestReport, stdout: str, stderr: str) -> None:
+            self.report = report
+            self.outcome = self.OUTCOMES[report.status]
+            self.elapsed_time = report.duration
+            self.timestamp = datetime.datetime.now().replace(microsecond=0).isoformat()
+            self.test_exception_name = "skip" if report.status == SKIPPED else report.exc_type
+            self.test_exception_message = report.message
+            self.test_exception_info = report.detail if report.failed else ""
+            self.stdout, self.stderr = stdout, stderr
+            self.test_name = testcase_name(test)
+            self.test_id = self.test_description = report.test_id
+            self.filename, self.lineno, self.doc = source_of(test)
+
+    class JUnitResult(ReportingTestResult, _XMLTestResult):
         output_dir: Optional[str] = None  # set: each finished test's class file is written
         encoding = "UTF-8"
+        _running: Any = None  # the test running in this result (its output is captured)
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.reports: List[ReportInfo] = []
+            self._by_file: Dict[str, List[ReportInfo]] = {}  # the reports of each file
 
         def write_each_test_to(self, output_dir: str, encoding: str = "UTF-8") -> None:
             """Rewrite a test's class file in `output_dir` as soon as the test finished."""
             self.output_dir, self.encoding = output_dir, encoding
 
+        def report_done(self, test: Any, report: TestReport) -> None:
+            """A finished test's report (or a fixture's: `test` is then unittest's stand-in,
+            or one from `stand_in_for`): its testcase."""
+            super().report_done(test, report)
+            if not isinstance(test, unittest.TestCase):
+                test = stand_in_for(report)
+            in_this_run = test is self._running
+            stdout = (self._stdout_data or "") if in_this_run else ""
+            stderr = (self._stderr_data or "") if in_this_run else ""
+            info = ReportInfo(test, report, stdout, stderr)
+            self.reports.append(info)
+            self._by_file.setdefault(info.test_name, []).append(info)
+            if self.output_dir is not None:
+                self._write_suite(self.output_dir, info.test_name, self.encoding)
+
+        def startTest(self, test: Any) -> None:  # noqa: N802
+            self._running = test
+            super().startTest(test)
+
+        def stopTest(self, test: Any) -> None:  # noqa: N802
+            try:
+                super().stopTest(test)  # xmlrunner keeps the test's output; its report is done
+            finally:
+                self._running = None
+
+        def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
+            super().addSubTest(test, subtest, err)
+            if err is not None and self.failfast:  # xmlrunner's own addSubTest does not stop
+                self.stop()
+
+        def _testcases(self, suite: str) -> List[ReportInfo]:
+            """The testcases of file `suite`, in xmlrunner's order: by outcome, then as they
+            finished."""
+            infos = self._by_file.get(suite, [])
+            return sorted(infos, key=lambda info: OUTCOME_ORDER.index(info.report.status))
+
+        def _get_info_by_testcase(self) -> Dict[str, List[ReportInfo]]:
+            """The testcases of each file (what xmlrunner writes), from the reports."""
+            return {suite: self._testcases(suite) for suite in self._by_file}
+
         def _write_suite(self, output_dir: str, suite: str, encoding: str) -> str:
             """Write TEST-<suite>.xml atomically, as xmlrunner writes it; its path."""
             doc = Document()
-            tests = self._get_info_by_testcase().get(suite, [])
+            tests = self._testcases(suite)
             self._report_testsuite(suite, tests, doc, doc, self.properties)
             os.makedirs(output_dir, exist_ok=True)
             path = os.path.join(output_dir, f"TEST-{suite}.xml")
@@ -61,82 +149,6 @@ def junit_result_class() -> type:
                 path = self._write_suite(test_runner.output, suite, test_runner.encoding)
                 if self.showAll:
                     self.stream.writeln(f"Generated XML report: {path}")
-
-        def _outcomes(self) -> int:
-            return sum(len(found) for found in (
-                self.successes, self.failures, self.errors, self.skipped,
-                self.expectedFailures, self.unexpectedSuccesses,
-            ))
-
-        def startTest(self, test: Any) -> None:  # noqa: N802
-            self._fold, self._test, self._outcomes_before = GridFold(), test, self._outcomes()
-            super().startTest(test)
-
-        def _exc_info_to_string(self, err: Any, test: Any) -> str:
-            text = formatted(err)
-            return text if text is not None else super()._exc_info_to_string(err, test)
-
-        def _folding(self) -> bool:
-            return bool(getattr(self, "_fold", None) and self._fold.failed_points)
-
-        def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
-            if err is None:
-                self._fold.subtest(subtest)
-                return
-            text = self._exc_info_to_string(err, test)
-            self._fold.subtest(subtest, text, err[0].__name__)
-            if self.failfast:
-                self.stop()
-
-        def addFailure(self, test: Any, err: Any) -> None:  # noqa: N802
-            if self._folding():
-                self._fold.error("failed", err[0].__name__, self._exc_info_to_string(err, test))
-                err = self._fold.take_folded(test.id())
-            super().addFailure(test, err)
-
-        def addError(self, test: Any, err: Any) -> None:  # noqa: N802
-            if self._folding():
-                self._fold.error("error", err[0].__name__, self._exc_info_to_string(err, test))
-                return super().addFailure(test, self._fold.take_folded(test.id()))
-            super().addError(test, err)
-
-        def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
-            if getattr(self, "_test", None) not in (None, test):  # a grid point skipped itself
-                self._fold.point_skipped(reason)
-                return
-            super().addSkip(test, reason)
-
-        def stopTest(self, test: Any) -> None:  # noqa: N802
-            if not interrupted_now():
-                if self._folding():
-                    super().addFailure(test, self._fold.take_folded(test.id()))
-                elif self._outcomes() == self._outcomes_before:  # only grid points, no verdict
-                    every_point_skipped = self._fold.every_point_skipped()
-                    if every_point_skipped is not None:
-                        super().addSkip(test, every_point_skipped)
-                    else:
-                        self.addSuccess(test)
-            self._fold = GridFold()  # an interrupted test did not finish: no testcase for it
-            self._test = None
-            super().stopTest(test)  # adds the test's testcase
-            if self.output_dir is not None:
-                self._write_suite(self.output_dir, testcase_name(test), self.encoding)
-
-        def add_record(self, test: Any, record: RunRecord) -> None:
-            """Report a record built elsewhere (the engine's, folded by the Collector)."""
-            self.startTest(test)
-            if getattr(test, "stand_in", False):  # no source line of its own
-                self.lineno = self.doc = None
-            self.start_time = time.time() - record.duration
-            if record.status == "passed":
-                self.addSuccess(test)
-            elif record.status == "skipped":
-                self.addSkip(test, record.message)
-            elif record.status == "error":
-                super().addError(test, reported_exc_info(record))
-            else:
-                super().addFailure(test, reported_exc_info(record))
-            self.stopTest(test)
 
     return JUnitResult
 
@@ -158,8 +170,8 @@ def xml_runner(output: str, resultclass: Optional[type] = None, **kwargs: Any) -
     )
 
 
-def stand_in_for(record: RunRecord) -> unittest.TestCase:
-    """A TestCase carrying only an id, for results that belong to no test method (class and
+def stand_in_for(report: TestReport) -> unittest.TestCase:
+    """A TestCase carrying only an id, for reports that belong to no test method (class and
     module fixtures); named after the class it stands for, so the XML groups it there."""
 
     class Fixture(unittest.TestCase):
@@ -169,13 +181,13 @@ def stand_in_for(record: RunRecord) -> unittest.TestCase:
             """Never run: the instance only names a fixture result in the XML report."""
 
         def id(self) -> str:
-            return record.test_id
+            return report.test_id
 
         def __str__(self) -> str:
-            return record.test_id
+            return report.test_id
 
-    owner = record.test_id.rpartition(".")[0]
+    owner = report.test_id.rpartition(".")[0]
     module, _, name = owner.rpartition(".")
-    Fixture.__module__ = module or record.suite
+    Fixture.__module__ = module or report.suite
     Fixture.__name__ = Fixture.__qualname__ = name or "Fixture"
     return Fixture()

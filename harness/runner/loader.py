@@ -20,7 +20,9 @@ import unittest
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Sequence, TextIO, Tuple
 
-from harness.runner.records import ReportedError, last_line
+from harness.outcome.fold import hand_report, last_line
+from harness.outcome.replay import replaying
+from harness.outcome.report import ERROR, Outcome, TestReport
 
 SUITES_PACKAGE = "test_cases"
 
@@ -108,16 +110,29 @@ def resolve_modules(names: Sequence[str]) -> List[str]:
     return resolved
 
 
+class SuiteImportError(Exception):
+    """A suite could not be imported (plain runners' view; the harness's results take the
+    report with the import's own exception type)."""
+
+
 def _import_failure(module: str, text: str, kind: str) -> unittest.TestCase:
     """A test standing for a module that failed to import; running it reports the error
     (as an error of type `kind`, the exception the import raised)."""
     summary = last_line(text)
+    message = f"cannot import {module}: {summary}"
+    outcome = Outcome(ERROR, message, text, kind)
 
     class ImportFailure(unittest.TestCase):
         import_note = f"error at import: {summary}"  # kept by -k: a broken suite must not vanish
 
+        def run(self, result: Any = None) -> Any:
+            self.result = result  # the result the report is handed to (test_import)
+            return super().run(result)
+
         def test_import(self) -> None:
-            raise type(kind, (ReportedError,), {})(f"cannot import {module}: {summary}", text)
+            report = TestReport(self.id(), module, ERROR, message, text, kind, own=outcome)
+            hand_report(self.result, self, report)
+            raise replaying(SuiteImportError(f"{message}\n{text}"), report)
 
     ImportFailure.__module__ = module
     ImportFailure.__qualname__ = "ImportFailure"

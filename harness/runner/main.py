@@ -2,9 +2,10 @@
 
 unittest's own command line, plus the harness's flags (--save-xml, --seed, --repeat, --list,
 --allow-cpu, --order, -j).
-The pieces it shares with run_all.py live in their own modules: records.py (one record per
-test), junit.py (XML), progress.py, loader.py (choosing tests), engine.py (running a plan
-under torchrun, where rank 0 alone reports) and cli.py (run_all.py's command line).
+The pieces it shares with run_all.py live in their own modules: results.py (unittest results
+reading one TestReport per test), junit.py (XML), progress.py, loader.py (choosing tests),
+engine.py (running a plan under torchrun, where rank 0 alone reports) and cli.py (run_all.py's
+command line).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from harness.runner.junit import junit_result_class, xml_runner
 from harness.runner.loader import UsageError, flatten, repeat
 from harness.runner.order import OrderError, chosen_order, reorder
 from harness.runner.order import describe as describe_order
-from harness.runner.records import Tally
+from harness.runner.results import Tally
 from harness.testcase import SEED_ENV, current_seed
 
 HARNESS_FLAGS_HELP = """
@@ -128,7 +129,7 @@ class _Program(unittest.TestProgram):
 
 
 def _tallied(result_class: type) -> type:
-    """`result_class` counting one verdict per finished test (records.Tally)."""
+    """`result_class` counting one verdict per finished test (results.Tally)."""
     return type(result_class.__name__, (Tally, result_class), {})
 
 

@@ -12,11 +12,12 @@ On accelerators a unit costs devices instead, and each worker owns a fixed, disj
 them (CUDA_VISIBLE_DEVICES) as wide as the widest unit, so tests running at once never
 share a device.
 
-Workers stream one record per finished test; the controller feeds them to the engine's own
-collector callbacks, so progress, the table, the closing line and the XML are built as in a
-serial run (the engine sorts failures and XML entries back into plan order). A worker that
-dies fails only the test it was running (the rest of its unit goes to a new worker); a test
-that outlives the harness timeout by TIMEOUT_GRACE_S has its worker stopped and fails alone.
+Workers stream one TestReport per finished test (its JSON form); the controller feeds them to
+the engine's own collector callbacks, so progress, the table, the closing line and the XML are
+built as in a serial run (the engine sorts failures and XML entries back into plan order). A
+worker that dies fails only the test it was running (the rest of its unit goes to a new
+worker); a test that outlives the harness timeout by TIMEOUT_GRACE_S has its worker stopped
+and fails alone.
 When the budget holds no two typical units (2-rank tests on 2 cores), the engine runs the
 plan serially in-process instead: workers would only add their start.
 """
@@ -36,8 +37,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from harness import devices
 from harness.launch.case import RankedTestCase
+from harness.outcome.fold import fold
+from harness.outcome.report import ERROR, Outcome, TestReport
 from harness.runner.loader import Plan
-from harness.runner.records import RunRecord
 from harness.runner.worker import PATH_ENV, PRELOAD_ENV, WORKER_FD_ENV
 from harness.world_size import world_size_of
 
@@ -134,7 +136,7 @@ class _Worker:
         self._partial = b""
         self.unit: Optional[Unit] = None
         self.started: List[str] = []  # ids of the unit's tests begun, in order
-        self.finished = 0  # how many of the unit's tests have a record
+        self.finished = 0  # how many of the unit's tests have a report
         self.running_since = 0.0
 
     def receive(self) -> Optional[List[Dict[str, Any]]]:
@@ -180,11 +182,11 @@ class _Worker:
 
 @dataclass
 class Hooks:
-    """What the controller tells the engine: a test began, a record arrived (with its place in
+    """What the controller tells the engine: a test began, a report arrived (with its place in
     plan order), a unit finished (its module and wall time); whether to stop."""
 
     started: Callable[[str], None]
-    recorded: Callable[[Optional[unittest.TestCase], RunRecord, Tuple[int, int]], None]
+    recorded: Callable[[Optional[unittest.TestCase], TestReport, Tuple[int, int]], None]
     unit_done: Callable[[str, float], None]
     should_stop: Callable[[], bool]
     timeout: float = field(default_factory=devices.default_timeout)
@@ -204,7 +206,7 @@ class Controller:
         self.slots = self._device_slots(workers, max((u.cost for u in units), default=1))
         self.workers: List[Optional[_Worker]] = [None] * len(self.slots)
         self.began: Dict[int, float] = {}
-        self.records_of: Dict[int, int] = {}  # unit index -> records it sent so far
+        self.reports_of: Dict[int, int] = {}  # unit index -> reports it sent so far
 
     @staticmethod
     def _device_slots(workers: int, widest: int) -> List[Optional[str]]:
@@ -298,20 +300,20 @@ class Controller:
             worker.started.append(message["id"])
             worker.running_since = time.monotonic()
             self.hooks.started(message["id"])
-        elif message["kind"] == "record":
-            record = RunRecord(**message["record"])
+        elif message["kind"] == "report":
+            report = TestReport.from_data(message["report"])
             if message["is_test"]:
                 worker.finished += 1
-            test = self.tests.get(record.test_id) if message["is_test"] else None
-            self.hooks.recorded(test, record, self._place(unit))
+            test = self.tests.get(report.test_id) if message["is_test"] else None
+            self.hooks.recorded(test, report, self._place(unit))
         elif message["kind"] == "done":
             self.hooks.unit_done(unit.module, time.monotonic() - self.began[unit.index])
             worker.unit = None
 
     def _place(self, unit: Unit) -> Tuple[int, int]:
-        """Where a unit's next record goes in plan order: its unit, then its arrival."""
-        self.records_of[unit.index] = self.records_of.get(unit.index, 0) + 1
-        return unit.index, self.records_of[unit.index]
+        """Where a unit's next report goes in plan order: its unit, then its arrival."""
+        self.reports_of[unit.index] = self.reports_of.get(unit.index, 0) + 1
+        return unit.index, self.reports_of[unit.index]
 
     def _lost(self, worker: _Worker, why: str) -> None:
         """The worker died (or was stopped) inside its unit: the test it was running fails,
@@ -332,9 +334,10 @@ class Controller:
                 worker.started, begun = [unit.tests[0].id()], 1
         if begun > worker.finished:
             test_id = worker.started[-1]
-            record = RunRecord(test_id, unit.module, "error", f"{test_id}: {why}",
-                               f"{why} while running {test_id}", "WorkerLost")
-            self.hooks.recorded(self.tests.get(test_id), record, self._place(unit))
+            lost = Outcome(ERROR, f"{test_id}: {why}", f"{why} while running {test_id}",
+                           "WorkerLost")
+            report = fold(test_id, [], lost, unit.module)
+            self.hooks.recorded(self.tests.get(test_id), report, self._place(unit))
         left = unit.tests[begun:]
         self.hooks.unit_done(unit.module, time.monotonic() - self.began[unit.index])
         if left:

@@ -13,8 +13,8 @@ import time
 from typing import Optional, TextIO
 
 from harness import devices
+from harness.outcome.report import TestReport
 from harness.runner.lifecycle import STOP_SIGNALS
-from harness.runner.records import FAILED, RunRecord
 
 PROGRESS_INTERVAL_ENV = "HARNESS_PROGRESS_INTERVAL"
 DEFAULT_PROGRESS_INTERVAL_S = 30.0
@@ -103,13 +103,13 @@ class Progress:
     def start(self, test_id: str) -> None:
         self.current, self._current_since = test_id, time.monotonic()
 
-    def finish(self, record: RunRecord) -> None:
+    def finish(self, record: TestReport) -> None:
         self.done += 1
         self.current = ""
         if self.verbosity == 0:
             return
         label = {"passed": "ok", "skipped": "skip", "failed": "FAIL", "error": "ERROR"}
-        if self.verbosity > 1 or record.status in FAILED:
+        if self.verbosity > 1 or record.failed:
             width = len(str(self.total))
             reason = f": {record.message}" if record.status == "skipped" and record.message else ""
             self._print(

@@ -3,10 +3,11 @@
 Started by harness/runner/parallel.py (a `python -c` calling `main`), it reads units from
 stdin, one JSON line each (`{"module", "ids", "cores"}`, plus `path` for a script the
 controller runs as `__main__`), and writes what happens to the pipe
-whose fd WORKER_FD_ENV names, one JSON line per message: `start` (a test began), `record`
-(a finished test's RunRecord, or a class/module fixture's), `done` (the unit is finished).
+whose fd WORKER_FD_ENV names, one JSON line per message: `start` (a test began), `report`
+(a finished test's TestReport, or a class/module fixture's, as `TestReport.to_data`),
+`done` (the unit is finished).
 It runs a unit the way the serial engine runs a module (unittest's suite, the same
-Collector), so records, fixtures and shared-process classes behave as in a serial run; its
+Collector), so reports, fixtures and shared-process classes behave as in a serial run; its
 rank processes come from its own forkserver. Stdout and stderr are the run's, as in serial.
 A worker stops when stdin closes; interrupted (SIGINT/SIGTERM) it stops its ranks and exits.
 """
@@ -25,10 +26,11 @@ from typing import Any, Dict, List, TextIO, Tuple
 import torch
 
 from harness import devices
+from harness.outcome.report import TestReport
 from harness.process import forkserver
 from harness.runner import lifecycle
 from harness.runner.loader import load_module, resolve_modules
-from harness.runner.records import Collector, RunRecord
+from harness.runner.results import Collector
 
 WORKER_FD_ENV = "HARNESS_WORKER_FD"
 PRELOAD_ENV = "HARNESS_WORKER_PRELOAD"  # the run's suite modules, comma-separated
@@ -55,9 +57,9 @@ class _Reporter:
     def started(self, test: unittest.TestCase) -> None:
         self.send("start", id=self._id(test.id()))
 
-    def recorded(self, test: Any, record: RunRecord) -> None:
-        record.test_id = self._id(record.test_id)
-        self.send("record", record=dataclasses.asdict(record),
+    def reported(self, test: Any, report: TestReport) -> None:
+        report = dataclasses.replace(report, test_id=self._id(report.test_id))
+        self.send("report", report=report.to_data(),
                   is_test=isinstance(test, unittest.TestCase) and not hasattr(test, "stand_in"))
 
 
@@ -77,7 +79,7 @@ class _Tests:
 def serve(units: TextIO, reporter: _Reporter) -> None:
     """Run each unit read from `units` until it closes."""
     tests = _Tests()
-    collector = Collector(reporter.started, reporter.recorded)
+    collector = Collector(reporter.started, reporter.reported)
     for line in units:
         unit = json.loads(line)
         cores = int(unit["cores"])

@@ -1,25 +1,12 @@
-"""harness.runner.records: one record per test, grid points folded (GridFold), the tally."""
+"""harness.runner.results: one TestReport per test (grid points folded), the tally."""
 
 from __future__ import annotations
 
 import io
 import unittest
 
-from harness.runner.records import (
-    Collector,
-    GridFold,
-    RunRecord,
-    Tally,
-    fold_grid_points,
-)
-
-
-class FoldText(unittest.TestCase):
-    def test_folded_grid_points_name_their_params(self) -> None:
-        message, detail = fold_grid_points([("a=1", "tb1"), ("a=3", "tb3")], "main tb\nValueError")
-        self.assertEqual(message, "2 grid point(s) failed: (a=1); (a=3); then: ValueError")
-        self.assertEqual(detail, "grid point (a=1) failed:\ntb1\ngrid point (a=3) failed:\n"
-                                 "tb3\nmain tb\nValueError")
+from harness.outcome.report import TestReport
+from harness.runner.results import Collector, Tally
 
 
 def _grid_cases() -> type:
@@ -60,8 +47,8 @@ def _grid_cases() -> type:
     return _Grid
 
 
-def collect(test: unittest.TestCase) -> RunRecord:
-    """The Collector's one record for `test`."""
+def collect(test: unittest.TestCase) -> TestReport:
+    """The Collector's one report for `test`."""
     records = []
     collector = Collector(lambda test: None, lambda test, record: records.append(record))
     test.run(collector)
@@ -70,7 +57,7 @@ def collect(test: unittest.TestCase) -> RunRecord:
 
 
 class Folding(unittest.TestCase):
-    """GridFold through the Collector: one record per test, failing grid points listed."""
+    """The fold through the Collector: one report per test, failing grid points listed."""
 
     def test_one_failing_point_fails_the_test_naming_it(self) -> None:
         record = collect(_grid_cases()("test_one_failing_point"))
@@ -110,17 +97,6 @@ class Folding(unittest.TestCase):
         record = collect(_grid_cases()("test_error_point"))
         self.assertEqual((record.status, record.exc_type), ("failed", "KeyError"))
         self.assertEqual(record.message, "1 grid point(s) failed: (name='x')")
-
-    def test_take_folded_reports_once_then_clears(self) -> None:
-        fold = GridFold()
-        point = type("Point", (), {"params": {"a": 1}})()
-        fold.subtest(point)
-        fold.subtest(point, "tb", "ValueError")
-        kind, error, _ = fold.take_folded("t")
-        self.assertEqual(kind.__name__, "ValueError")
-        self.assertEqual(str(error), "1 grid point(s) failed: (a=1)")
-        self.assertEqual(fold.record("t").status, "passed")
-        self.assertEqual(fold.points_run, 2)
 
 
 def _cases() -> tuple:
