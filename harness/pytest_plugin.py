@@ -16,8 +16,9 @@ test it:
 - `--debug-rank N` gives rank N the terminal for `breakpoint()`;
 - under pytest-xdist, lets a grid point's params (an enum, a dtype) cross to the controller.
 
-The report comes from the same record as unittest's (harness/outcome/merge.py: a failure
-carries its `RankReport`); only the layout is pytest's.
+The report comes from the same TestReport as unittest's (harness/outcome/merge.py builds it;
+the failure its replay raises carries its `RankReport`, harness/outcome/replay.py); only the
+layout is pytest's.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ import unittest
 from typing import Any, List, Tuple
 
 from harness.outcome.fold import (
+    OneReportPerTest,
     ReportBuilder,
-    ReportingTestResult,
     ReportReceiver,
     fixture_report,
     fold,
@@ -89,7 +89,7 @@ class Builder(unittest.TestCase):
                          ("pkg.mod.TestC.setUpClass", "error", "pkg"))
 
 
-class Reports(ReportingTestResult, unittest.TestResult):
+class Reports(OneReportPerTest, unittest.TestResult):
     """The mixin on unittest's plain result, keeping every report it is handed."""
 
     def __init__(self) -> None:

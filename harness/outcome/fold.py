@@ -11,7 +11,7 @@ through it; `ReportBuilder` folds a plain test's unittest events through it, tel
 point's skip from the test's own by one rule: a skip reported for a test other than the
 current one is a grid point's.
 
-`ReportingTestResult` is the unittest result side: a mixin that hands one TestReport per
+`OneReportPerTest` is the unittest result side: a mixin that hands one TestReport per
 finished test (and per class or module fixture that failed or skipped) to `report_done`.
 A test that knows its report already (a multi-rank test's supervisor, a suite that failed
 to import) hands it over through `add_report` (the `ReportReceiver` protocol) and then
@@ -188,7 +188,7 @@ def hand_report(result: Any, test: unittest.TestCase, report: TestReport) -> Non
         result.add_report(test, report)
 
 
-class ReportingTestResult:
+class OneReportPerTest:
     """Mixin for a unittest result: one TestReport per finished test, handed to `report_done`.
 
     Mixed in before the unittest result class it extends (which keeps its own behaviour:

@@ -4,7 +4,7 @@ The result class here is xmlrunner's, for its text output and its XML writer, bu
 testcases it writes come from TestReports (harness/outcome/report.py), never from
 xmlrunner's per-event lists: a test with three failing grid points is one testcase with one
 failure listing them, a multi-rank test is the report its ranks' merge built. Reports
-arrive as tests finish in this process (`ReportingTestResult` builds or takes them) or, from
+arrive as tests finish in this process (`OneReportPerTest` builds or takes them) or, from
 run_all.py's engine, built elsewhere (`report_done`; fixture results that belong to no test
 method through `stand_in_for`).
 
@@ -23,7 +23,7 @@ import sys
 import unittest
 from typing import Any, Dict, List, Optional, Tuple
 
-from harness.outcome.fold import ReportingTestResult
+from harness.outcome.fold import OneReportPerTest
 from harness.outcome.report import ERROR, FAILED, PASSED, SKIPPED, TestReport
 
 # xmlrunner's order of testcases within a file: by outcome, then as they finished.
@@ -74,7 +74,7 @@ def junit_result_class() -> type:
             self.test_id = self.test_description = report.test_id
             self.filename, self.lineno, self.doc = source_of(test)
 
-    class JUnitResult(ReportingTestResult, _XMLTestResult):
+    class JUnitResult(OneReportPerTest, _XMLTestResult):
         output_dir: Optional[str] = None  # set: each finished test's class file is written
         encoding = "UTF-8"
         _running: Any = None  # the test running in this result (its output is captured)

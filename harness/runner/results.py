@@ -1,7 +1,7 @@
 """The runner's unittest results: each reads one TestReport per finished test.
 
 unittest reports many events per test (a grid point is one `addSubTest` each); the outcome
-model folds them into one TestReport (harness/outcome/fold.py: `ReportingTestResult`), or
+model folds them into one TestReport (harness/outcome/fold.py: `OneReportPerTest`), or
 takes the report a multi-rank test's supervisor built from its ranks (`add_report`). The
 results here only read those reports: the `Collector` hands each to run_all.py's engine (or
 a -j worker), which feeds the progress line, the per-suite table, the closing
@@ -14,11 +14,11 @@ from __future__ import annotations
 import unittest
 from typing import Any, Callable
 
-from harness.outcome.fold import ReportingTestResult
+from harness.outcome.fold import OneReportPerTest
 from harness.outcome.report import TestReport
 
 
-class Tally(ReportingTestResult):
+class Tally(OneReportPerTest):
     """Mixin for a unittest result class: one verdict per finished test, for the closing
     `N passed, N failed, N skipped` line (a test with failing grid points counts once, one
     whose every grid point skipped is a skip; a class or module fixture that fails, or
@@ -33,7 +33,7 @@ class Tally(ReportingTestResult):
         self.tally["failed" if report.failed else report.status] += 1
 
 
-class Collector(ReportingTestResult, unittest.TestResult):
+class Collector(OneReportPerTest, unittest.TestResult):
     """A unittest result that hands each test's TestReport (and each failed or skipped
     fixture's) to `on_report`, and says when a test starts (`on_start`)."""
 
