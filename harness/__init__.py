@@ -83,7 +83,7 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "FakeProcessGroup", "FakeStore",
     ),
     "harness.kit.fsdp": (
-        "FSDPTest", "FSDPTestMixin", "FSDPTestMultiThread",
+        "FSDPTest", "FSDPTestContinuous", "FSDPTestMixin", "FSDPTestMultiThread",
     ),
     "harness.kit.fsdp1_grads": (
         "assert_fsdp1_grads_equal", "fsdp1_full_grads", "named_grads",
@@ -141,7 +141,7 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "MAIN_PROCESS_RANK", "DistributedTestBase", "MultiProcessTestCase",
     ),
     "harness.process.continuous": (
-        "FSDPTestContinuous", "MultiProcContinuousTest",
+        "MultiProcContinuousTest",
     ),
     "harness.runner.main": (
         "run_tests",

@@ -34,6 +34,9 @@ DEFAULT_TIMEOUT_S = 300.0
 DEBUG_TIMEOUT_S = 7 * 24 * 3600.0  # `--debug-rank`: the timeout waits for the person debugging
 DEFAULT_CPU_WORLD_SIZE = 2
 DEFAULT_WORLD_SIZE = 4  # upstream's for the bases that do not follow the device count
+# torch's default collective backend of each accelerator type (`backend_for`); gloo otherwise
+ACCELERATOR_BACKEND = {"cuda": "nccl", "xpu": "xccl", "hpu": "hccl"}
+ACCELERATOR_BACKENDS = tuple(ACCELERATOR_BACKEND.values())
 # torchrun's own variables (its agent sets them for every worker): RANK/WORLD_SIZE/MASTER_ADDR
 # alone are also left behind by pods, env:// tests and other launchers.
 TORCHRUN_ENV = ("TORCHELASTIC_RUN_ID", "GROUP_RANK", "LOCAL_WORLD_SIZE")
@@ -118,8 +121,7 @@ def backend_for(device: Any) -> str:
         raise HarnessConfigError(
             f"unknown device {device!r}; expected e.g. cpu, cuda, cuda:0"
         ) from None
-    accelerator_backends = {"cuda": "nccl", "xpu": "xccl", "hpu": "hccl"}
-    return accelerator_backends.get(kind, "gloo")
+    return ACCELERATOR_BACKEND.get(kind, "gloo")
 
 
 def rank_device(rank: int) -> torch.device:

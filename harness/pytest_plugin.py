@@ -43,7 +43,7 @@ from harness.outcome.rank_record import RankRecord
 from harness.outcome.replay import rank_report
 from harness.outcome.report import RankReport
 from harness.outcome.stacks import Frame
-from harness.process import assert_rewrite, forkserver, torchrun
+from harness.process import assert_rewrite, forkserver
 from harness.process.case import MultiProcessTestCase
 
 _DEADLINE = pytest.StashKey[float]()
@@ -80,7 +80,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) 
     cls = getattr(item, "cls", None)
     if isinstance(cls, type) and issubclass(cls, MultiProcessTestCase):
         try:
-            if devices.start_method() == "forkserver" and torchrun.launched() is None:
+            if devices.start_method() == "forkserver" and devices.torchrun_env() is None:
                 forkserver.warm_up(cls.__module__)
         except devices.HarnessConfigError:
             pass  # the test itself reports it

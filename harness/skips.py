@@ -37,7 +37,6 @@ TEST_HPU = bool(hasattr(torch, "hpu") and torch.hpu.is_available())
 TEST_XPU = bool(hasattr(torch, "xpu") and torch.xpu.is_available())
 
 REQUIREMENTS_ATTR = "__harness_requires__"
-ACCELERATOR_DIST_BACKENDS = ("nccl", "xccl", "hccl")
 PER_RANK = -1  # AcceleratorRequirement.count: one accelerator for each rank of the test
 
 
@@ -164,7 +163,7 @@ def requires_accelerator_dist_backend(
     backends: Optional[Sequence[str]] = None,
 ) -> Callable[[Any], Any]:
     """Skip unless one of `backends` (default: nccl, xccl, hccl) is available."""
-    names = list(ACCELERATOR_DIST_BACKENDS if backends is None else backends)
+    names = list(devices.ACCELERATOR_BACKENDS if backends is None else backends)
     return requires(AcceleratorRequirement(
         0, backends=tuple(names),
         message=f"No accelerator communication backend available among {names}",
@@ -266,7 +265,7 @@ def check_case_requirements(case: unittest.TestCase) -> None:
             cpu_defaults as compat_cpu_defaults,  # torch's FSDP/DDP: only when needed
         )
 
-        compat_cpu_defaults.install()
+        compat_cpu_defaults.PROCESS_ADAPTATIONS.install()
 
 
 def cpu_allowed(case: unittest.TestCase) -> bool:

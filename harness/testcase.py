@@ -136,8 +136,6 @@ class TestCase(expecttest.TestCase):
         super().setUp()
         check_case_requirements(self)  # class-level requirements; methods check their own too
         seed_everything(current_seed())
-        if getattr(self, "rank_context", None) is not None:
-            return  # a rank of a multi-rank test: upstream's ranks run neither setUp nor tearDown
         # What tearDown restores or checks, as upstream's TestCase.
         self._sparse_checks_were_on = torch.sparse.check_sparse_tensor_invariants.is_enabled()
         torch.sparse.check_sparse_tensor_invariants.enable()

@@ -258,7 +258,7 @@ class SharedParentSetUpFails(_Shared):
 
     def setUp(self) -> None:
         super().setUp()
-        self._start_ranks()  # sends the test, as upstream's setUp does
+        self.start_ranks()  # sends the test, as upstream's setUp does
         if self._testMethodName == "test_1_case":
             raise RuntimeError("the parent's setUp fails after sending the test")
 

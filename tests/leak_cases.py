@@ -45,8 +45,8 @@ class _CleanStart(MultiProcContinuousTest):
 class LeakEveryKind(_CleanStart):
     check_generator_leaks = True
 
-    def _rank_set_up(self) -> None:  # in each rank before each test (setUp: the parent's)
-        super()._rank_set_up()
+    def rank_set_up(self) -> None:  # in each rank before each test (setUp: the parent's)
+        super().rank_set_up()
         self.assert_clean()
         _record_pid(self)
 
@@ -91,8 +91,8 @@ class LeakOptedOut(_CleanStart):
 
     skip_leak_checks = ("environ", "default_dtype")
 
-    def _rank_set_up(self) -> None:  # in each rank before each test (setUp: the parent's)
-        super()._rank_set_up()
+    def rank_set_up(self) -> None:  # in each rank before each test (setUp: the parent's)
+        super().rank_set_up()
         _record_pid(self)
 
     def test_1_leaks_what_is_not_checked(self) -> None:

@@ -161,7 +161,7 @@ CHILD = textwrap.dedent('''
         def runTest(self):
             build_all("rank")
 
-    print("installed", compat_cpu_defaults.install())
+    print("installed", compat_cpu_defaults.PROCESS_ADAPTATIONS.install())
     with tempfile.TemporaryDirectory() as folder:
         dist.init_process_group("gloo", init_method="file://" + os.path.join(folder, "rdv"),
                                 rank=0, world_size=1)

@@ -20,11 +20,8 @@ import torch.distributed as dist
 
 from harness import devices
 from harness.device_type import instantiate_device_type_tests
-from harness.process.continuous import (
-    FSDPTestContinuous,
-    MultiProcContinuousTest,
-    class_device_type,
-)
+from harness.kit.fsdp import FSDPTestContinuous
+from harness.process.continuous import MultiProcContinuousTest, class_device_type
 from harness.skips import accelerators_suffice, skip_if_lt_x_gpu
 from tests.test_fsdp import UPSTREAM_STYLE, run_script
 

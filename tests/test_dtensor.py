@@ -106,8 +106,8 @@ class TestDTensorBase(DTensorTestBase):
         dist.barrier()
         self.assertEqual(sorted(os.listdir(self.temp_dir)), ["rank0", "rank1"])
 
-    def _rank_tear_down(self) -> None:  # each rank, after the test (tearDown: the parent's)
-        super()._rank_tear_down()
+    def rank_tear_down(self) -> None:  # each rank, after the test (tearDown: the parent's)
+        super().rank_tear_down()
         self.assertFalse(dist.is_initialized(), "with_comms left the group behind")
         if self.rank == 0 and hasattr(self, "temp_dir"):
             self.assertFalse(os.path.exists(self.temp_dir), "with_temp_dir left its dir behind")

@@ -49,8 +49,8 @@ class TestFSDPTestBase(FSDPTest):
         self.assertEqual(dist.get_world_size(self.process_group), 2)
         self.assertEqual(dist.get_process_group_ranks(self.process_group), [0, 1])
 
-    def _rank_tear_down(self) -> None:  # each rank, after the test (tearDown: the parent's)
-        super()._rank_tear_down()
+    def rank_tear_down(self) -> None:  # each rank, after the test (tearDown: the parent's)
+        super().rank_tear_down()
         self.assertFalse(dist.is_initialized(), "the group outlived the test")
 
 

@@ -12,12 +12,13 @@ import ast
 import os
 import unittest
 from typing import Any, List, Optional, Tuple
+from unittest import mock
 
 from harness.devices import HarnessConfigError
 from harness.launch.case import SUPERVISOR_RANK, RankedTestCase
 from harness.launch.context import RankContext
 from harness.launch.in_process import SimulatedRanks, run_rank_here
-from harness.launch.launcher import Launcher
+from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import Event, RankRecord, RecordSink, ReportingResult
 from harness.skips import skip_if_lt_x_gpu
 
@@ -31,8 +32,9 @@ class FakeRanks(Launcher):
     def __init__(self, records: List[RankRecord], timed_out_after: Optional[float]) -> None:
         self.records, self.timed_out_after = records, timed_out_after
 
-    def start(self, case: Any) -> None:
+    def start(self, case: Any) -> RankSetup:
         CALLS.append(f"start {case.world_size}")
+        return RankSetup()
 
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         CALLS.append("join")
@@ -120,10 +122,26 @@ class NewModeNeedsOnlyALauncher(unittest.TestCase):
         self.assertIn("Need at least 64 CUDA devices", result.skipped[0][1])
         self.assertEqual(CALLS, [])
 
+    def test_requirements_are_checked_once_per_test(self) -> None:
+        checked: List[str] = []
+
+        def count(case: Any) -> None:
+            checked.append(case.id())
+
+        records = [finished(0, Event("success")), finished(1, Event("success"))]
+        with mock.patch("harness.testcase.check_case_requirements", count), \
+                mock.patch("harness.launch.case.check_case_requirements", count):
+            result, _ = run(records)
+            self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
+            self.assertEqual(len(checked), 1)
+            checked.clear()
+            run(records, setUp=lambda self: None)  # a setUp that skips ours: checked at start
+            self.assertEqual(len(checked), 1)
+
     def test_a_setup_that_fails_after_start_still_closes(self) -> None:
         def set_up(self: RankedTestCase) -> None:
             RankedTestCase.setUp(self)
-            self._start_ranks()  # what upstream's _spawn_processes() in a setUp does
+            self.start_ranks()  # what upstream's _spawn_processes() in a setUp does
             raise RuntimeError("later part of setUp")
 
         result, _ = run([], setUp=set_up)

@@ -158,6 +158,21 @@ class LayersTest(unittest.TestCase):
         }
         self.assertEqual({m: n for m, n in upward.items() if n}, {})
 
+    def test_each_launch_mode_imports_neither_the_other_nor_the_kit(self) -> None:
+        # The kit's bases (FSDPTestContinuous too) sit on the modes: a mode never imports them.
+        forbidden = {
+            "harness.process": ("harness.threads", "harness.kit", "harness.runner"),
+            "harness.threads": ("harness.process", "harness.kit", "harness.runner"),
+            "harness.launch": ("harness.process", "harness.threads", "harness.kit",
+                               "harness.runner"),
+        }
+        upward = {
+            module: sorted(n for n in imports(module, module_level=False) if n.startswith(bad))
+            for package, bad in forbidden.items()
+            for module in sorted(MODULES) if module.startswith(package + ".")
+        }
+        self.assertEqual({m: n for m, n in upward.items() if n}, {})
+
     def test_outcome_imports_no_launch_mode_runner_or_kit(self) -> None:
         outcome = [m for m in MODULES if m == OUTCOME or m.startswith(OUTCOME + ".")]
         self.assertIn(f"{OUTCOME}.merge", outcome)

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from harness import devices
 from harness.devices import HarnessConfigError
 from harness.launch.context import RankContext
+from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import RankRecord, RecordSink, ReportingResult
 from harness.process import torchrun
 from harness.process.case import DistributedTestBase, MultiProcessTestCase
@@ -458,6 +459,39 @@ class TestStartAndModes(FaultTestBase):
         self.assertEqual(fault_cases.InProcess.pids, [(os.getpid(), 0, 1, init_method)])
         self.assertEqual(case.processes, [])
 
+
+
+class SetUpOnly(Launcher):
+    """A launcher that starts nothing and says it set up a rendezvous file and two ranks."""
+
+    def start(self, case: Any) -> RankSetup:
+        return RankSetup("/tmp/harness-x/rendezvous", ("rank0", "rank1"))
+
+    def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
+        return [], None
+
+    def close(self) -> None:
+        pass
+
+
+class TestTheCaseDescribesItsRun(unittest.TestCase):
+    def test_upstreams_attributes_come_from_what_start_returned(self) -> None:
+        class Described(MultiProcessTestCase):
+            world_size = 2
+
+            def make_launcher(self) -> Launcher:
+                return SetUpOnly()
+
+            def test_nothing(self) -> None:
+                """Never run: only setUp is."""
+
+        case = Described("test_nothing")
+        case.setUp()
+        case._spawn_processes()
+        self.assertEqual(case.file_name, "/tmp/harness-x/rendezvous")
+        self.assertEqual(case.init_method, "file:///tmp/harness-x/rendezvous")
+        self.assertEqual(case.processes, ["rank0", "rank1"])
+        case.doCleanups()
 
 if __name__ == "__main__":
     unittest.main()

@@ -116,6 +116,17 @@ class TestTorchrunFailures(unittest.TestCase):
         self.assertIn("run stopped: rank(s) 1 did not finish within 3s", proc.stdout)
         self.assertEqual(last_line(proc.stdout), "0 passed, 1 failed, 0 skipped")
 
+    def test_a_rank_that_failed_stops_the_others_after_the_grace(self) -> None:
+        # Rank 1 would sleep 60 s (timeout 30 s): the fail-fast policy stops it once rank 0 failed.
+        proc = torchrun(RANKS, "-k", "TestRankFailFast")
+        self.assertEqual(last_line(proc.stdout), "0 passed, 1 failed, 0 skipped",
+                         proc.stdout + proc.stderr)
+        self.assertIn("ValueError: rank 0 gives up early", proc.stdout)
+        self.assertIn("rank 1 was still running and was stopped", proc.stdout)
+        self.assertIn("in test_fails_on_rank_0\n    time.sleep(60)", proc.stdout)
+        self.assertNotIn("timed out", proc.stdout)
+        self.assertNotIn("out of step", proc.stdout)
+
     def test_a_world_size_other_than_the_launched_one_skips(self) -> None:
         with tempfile.TemporaryDirectory() as folder:
             proc = torchrun(RANKS, "-k", "TestWorldSize", "--save-xml", folder)
@@ -167,30 +178,30 @@ class TestTorchrunHere(unittest.TestCase):
         stray = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": "29500"}
         with mock.patch.dict(os.environ, child_env(stray), clear=True):
-            self.assertIsNone(torchrun_launcher.launched())
+            self.assertIsNone(torchrun_launcher.this_run())
             self.assertEqual(4, MultiProcessTestCase.world_size)
             os.environ["HARNESS_LAUNCHED"] = "1"
-            self.assertEqual((0, 1), torchrun_launcher.launched())
+            self.assertEqual((0, 1), devices.torchrun_env())
             self.assertEqual(1, MultiProcessTestCase.world_size)  # the launched processes
 
     def test_who_reports(self) -> None:
         with mock.patch.dict(os.environ, child_env(), clear=True):
-            self.assertIsNone(torchrun_launcher.launched())
-            self.assertTrue(torchrun_launcher.reports_here())
+            self.assertIsNone(torchrun_launcher.this_run())  # not launched: this process reports
         with mock.patch.dict(os.environ, self.env(rank="1", world_size="2")):
-            self.assertEqual(torchrun_launcher.launched(), (1, 2))
-            self.assertFalse(torchrun_launcher.reports_here())
+            run = torchrun_launcher.this_run()
+            self.assertEqual((run.rank, run.world_size), (1, 2))
+            self.assertFalse(run.reports_here)
         with mock.patch.dict(os.environ, self.env(rank="0", world_size="2")):
-            self.assertTrue(torchrun_launcher.reports_here())
+            self.assertTrue(torchrun_launcher.this_run().reports_here)
 
     def test_malformed_launch_env_names_it(self) -> None:
         with mock.patch.dict(os.environ, self.env(rank="zero")):
             with self.assertRaisesRegex(devices.HarnessConfigError, "RANK='zero'"):
-                torchrun_launcher.launched()
+                torchrun_launcher.this_run()
 
     def test_a_single_rank_runs_here_and_leaves_no_group(self) -> None:
         with mock.patch.dict(os.environ, self.env()):
-            launcher = torchrun_launcher.TorchrunLauncher()
+            launcher = torchrun_launcher.TorchrunLauncher(torchrun_launcher.this_run())
             case = _rank_cases()[0]("test_group")
             launcher.start(case)
             records, timed_out = launcher.join(case)
@@ -204,7 +215,8 @@ class TestTorchrunHere(unittest.TestCase):
         with mock.patch.dict(os.environ, self.env(world_size="1")):
             with self.assertRaisesRegex(unittest.SkipTest, "needs world size 2, torchrun "
                                                            "launched 1 processes"):
-                torchrun_launcher.TorchrunLauncher().start(_rank_cases()[1]("test_nothing"))
+                run = torchrun_launcher.this_run()
+                torchrun_launcher.TorchrunLauncher(run).start(_rank_cases()[1]("test_nothing"))
 
 
 def _rank_cases() -> Tuple[type, type]:

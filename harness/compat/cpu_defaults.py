@@ -1,16 +1,16 @@
 """HARNESS_ALLOW_CPU: CPU analogs of torch's accelerator defaults (the one place patching torch).
 
-Tests written for GPUs lean on two accelerator defaults that torch refuses on a machine
-without one: FSDP1 (`FullyShardedDataParallel`) built without `device_id` takes the current
-accelerator (on CPU: "FSDP needs a non-CPU accelerator device"), and DDP takes
-`device_ids=[rank]` (on a CPU module: "device_ids ... only work with ... GPU modules").
-`install()` gives each its CPU analog, and they apply only inside a rank (the running test on
-the call stack is a rank of a multi-rank test: a rank process, or a rank thread of
-MultiThreadedTestCase) and only while the CPU stands in for accelerators (HARNESS_ALLOW_CPU=1,
-none present). Rank processes install them when they start (harness/process/rank.py); thread ranks
-share the runner's process, which installs them before starting the threads (skips.py), and
-every other test of that process still gets torch's own behaviour. Neither analog changes
-what is computed: the module stays where its parameters are, on the CPU.
+Tests written for GPUs lean on two accelerator defaults that torch refuses on a machine without
+one: FSDP1 (`FullyShardedDataParallel`) built without `device_id` takes the current accelerator
+(on CPU: "FSDP needs a non-CPU accelerator device"), and DDP takes `device_ids=[rank]` (on a CPU
+module: "device_ids ... only work with ... GPU modules"). `PROCESS_ADAPTATIONS.install()` gives
+each its CPU analog, and they apply only inside a rank (the running test on the call stack is a
+rank of a multi-rank test: a rank process, or a rank thread of MultiThreadedTestCase) and only
+while the CPU stands in for accelerators (HARNESS_ALLOW_CPU=1, none present). Rank processes
+install them when they start (harness/process/rank.py); thread ranks share the runner's process,
+which installs them before starting the threads (skips.py), and every other test of that process
+still gets torch's own behaviour. Neither analog changes what is computed: the module stays
+where its parameters are, on the CPU.
 
 Each adaptation, when it fires, writes one line to the rank's stderr (once per test) and
 appends `<key>\t<test id>` to the run's adaptation log: a file named by HARNESS_CPU_ADAPTATIONS,
@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import unittest
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, Optional, Set, Tuple
 
 import torch
 import torch.distributed as dist
@@ -49,23 +49,48 @@ ADAPTATIONS: Dict[str, Tuple[str, str]] = {
     ),
 }
 
-_installed: List[bool] = []
-_reported: Set[Tuple[str, str]] = set()
-_lock = threading.Lock()  # thread ranks fire concurrently
+class CpuAdaptations:
+    """This process's adaptations: patched in once (`install`), and each one's firing told once
+    per test (`fired`); a lock, as rank threads fire concurrently. One per process,
+    `PROCESS_ADAPTATIONS`, as the classes it patches are the process's."""
+
+    def __init__(self) -> None:
+        self.installed = False
+        self._reported: Set[Tuple[str, str]] = set()  # (adaptation key, test id) told already
+        self._lock = threading.Lock()
+
+    def install(self) -> bool:
+        """Adapt FSDP1 and DDP in this process when the CPU stands in for accelerators (for
+        the ranks that run here). Returns whether the adaptations are on; installing twice is
+        a no-op."""
+        if not devices.cpu_stands_in():
+            return False
+        with self._lock:
+            if not self.installed:
+                _patch_init(FullyShardedDataParallel, _fsdp_arguments)
+                _patch_init(DistributedDataParallel, _ddp_arguments)
+                self.installed = True
+        return True
+
+    def fired(self, key: str, case: unittest.TestCase) -> None:
+        """Tell the test's output (once per test) and the run's adaptation log that `key`
+        fired."""
+        test_id = case.id()
+        with self._lock:
+            if (key, test_id) in self._reported:
+                return
+            self._reported.add((key, test_id))
+        print(f"[harness] HARNESS_ALLOW_CPU: {ADAPTATIONS[key][0]}", file=sys.stderr, flush=True)
+        path = os.environ.get(LOG_ENV)
+        if path:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:  # one short write with O_APPEND: lines of concurrent ranks do not interleave
+                os.write(fd, f"{key}\t{test_id}\n".encode())
+            finally:
+                os.close(fd)
 
 
-def install() -> bool:
-    """Adapt FSDP1 and DDP in this process when the CPU stands in for accelerators (for the
-    ranks that run here). Returns whether the adaptations are on; installing twice is a no-op.
-    """
-    if not devices.cpu_stands_in():
-        return False
-    with _lock:
-        if not _installed:
-            _patch_init(FullyShardedDataParallel, _fsdp_arguments)
-            _patch_init(DistributedDataParallel, _ddp_arguments)
-            _installed.append(True)
-    return True
+PROCESS_ADAPTATIONS = CpuAdaptations()
 
 
 def _running_case() -> Optional[unittest.TestCase]:
@@ -115,7 +140,7 @@ def _fsdp_arguments(arguments: Dict[str, Any]) -> None:
     case = _in_rank()
     if case is not None:
         arguments["device_id"] = torch.device("cpu")
-        _fired(FSDP_DEVICE_ID, case)
+        PROCESS_ADAPTATIONS.fired(FSDP_DEVICE_ID, case)
 
 
 def _rank() -> Optional[int]:
@@ -158,24 +183,7 @@ def _ddp_arguments(arguments: Dict[str, Any]) -> None:
     if case is not None:
         arguments["device_ids"] = None
         arguments["output_device"] = None
-        _fired(DDP_DEVICE_IDS, case)
-
-
-def _fired(key: str, case: unittest.TestCase) -> None:
-    """Tell the test's output (once per test) and the run's adaptation log that `key` fired."""
-    test_id = case.id()
-    with _lock:
-        if (key, test_id) in _reported:
-            return
-        _reported.add((key, test_id))
-    print(f"[harness] HARNESS_ALLOW_CPU: {ADAPTATIONS[key][0]}", file=sys.stderr, flush=True)
-    path = os.environ.get(LOG_ENV)
-    if path:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:  # one short write with O_APPEND: lines of concurrent ranks do not interleave
-            os.write(fd, f"{key}\t{test_id}\n".encode())
-        finally:
-            os.close(fd)
+        PROCESS_ADAPTATIONS.fired(DDP_DEVICE_IDS, case)
 
 
 @contextlib.contextmanager

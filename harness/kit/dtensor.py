@@ -36,8 +36,7 @@ from harness.skips import TEST_SKIPS, accelerators_suffice, skip_if_lt_x_gpu
 from harness.testcase import TestCase
 from harness.threads.case import MultiThreadedTestCase
 
-DEFAULT_WORLD_SIZE = 4
-ACCELERATOR_BACKENDS = ("nccl", "xccl", "hccl")
+DEFAULT_WORLD_SIZE = devices.DEFAULT_WORLD_SIZE  # upstream's NUM_DEVICES without 2-3 GPUs
 
 T = TypeVar("T")
 
@@ -138,7 +137,7 @@ class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
         return devices.backend_for(self.device_type)
 
     def _supported_backends(self) -> Tuple[str, ...]:
-        own = f"cpu:gloo,{self.device_type}:{devices.backend_for(self.device_type)}"
+        own = f"cpu:gloo,{self.device_type}:{self.backend}"
         return (
             "nccl", "gloo", "mpi", own, "cpu:gloo", "cpu:gloo,cuda:nccl", "cpu:gloo,cuda:ncclx",
             "cuda:ncclx", "hccl", "xccl", "fake", "cpu:gloo,xpu:xccl",
@@ -154,7 +153,7 @@ class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
             backend = self.backend
         if backend not in self._supported_backends():
             raise RuntimeError(f"Backend {backend} not supported!")
-        if any(name in backend for name in ACCELERATOR_BACKENDS):
+        if any(name in backend for name in devices.ACCELERATOR_BACKENDS):
             found = devices.accelerator_count()
             if not accelerators_suffice(self.world_size):
                 known = TEST_SKIPS.get(f"multi-gpu-{self.world_size}")
@@ -162,8 +161,8 @@ class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
                 raise unittest.SkipTest(
                     f"{need}: backend {backend} needs one per rank, found {found}"
                 )
-            if found == 0:  # HARNESS_ALLOW_CPU=1: the CPU stands in, its backend is gloo
-                backend = "gloo"
+            if found == 0:  # HARNESS_ALLOW_CPU=1: the CPU stands in, with the CPU's backend
+                backend = devices.backend_for("cpu")
         if backend == compat_local_tensor.FAKE_BACKEND:
             compat_local_tensor.register_fake_backend()
         device_id = None
@@ -617,12 +616,12 @@ class _LocalRanksMixin:
         """Every rank is simulated by one run of the test in this process."""
         return SimulatedRanks()
 
-    def _rank_set_up(self) -> None:
+    def rank_set_up(self) -> None:
         """In the instance that simulates the ranks: LocalTensor's process-wide settings."""
         compat_local_tensor.set_record_function_enabled(False)
         self.addCleanup(compat_local_tensor.set_record_function_enabled, True)  # type: ignore[attr-defined]
         self.addCleanup(compat_local_tensor.reset_dtensor_rng_tracker)  # type: ignore[attr-defined]
-        super()._rank_set_up()  # type: ignore[misc]
+        super().rank_set_up()  # type: ignore[misc]
 
     def build_device_mesh(self) -> DeviceMesh:
         with compat_local_tensor.maybe_disable_local_tensor_mode():

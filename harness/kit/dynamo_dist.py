@@ -14,6 +14,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
+from harness import devices
 from harness.compat.dynamo import reset_dynamo, test_config
 from harness.kit.fake_pg import FakeStore
 from harness.process.case import DistributedTestBase
@@ -30,20 +31,16 @@ PER_RANK_PORT = "6789"
 SINGLE_PROC_PORT = "12355"
 
 
-def _device_type() -> str:
-    accelerator = torch.accelerator.current_accelerator()
-    return accelerator.type if accelerator is not None else "cpu"
-
-
 @contextlib.contextmanager
 def _dynamo_dist_per_rank_init(rank: int, world_size: int, backend: Optional[str] = None,
                                init_pg: bool = True, fake_pg: bool = False) -> Iterator[None]:
     """Inside a rank: the default group (the device's default backend, or the fake one with
     `fake_pg`), Dynamo reset around the block, the group destroyed after it."""
-    if not fake_pg and torch.accelerator.is_available():
-        torch.accelerator.set_device_index(rank)
+    device = devices.rank_device(rank)
+    if not fake_pg and device.index is not None:
+        torch.accelerator.set_device_index(device.index)
     if backend is None:
-        backend = dist.get_default_backend_for_device(_device_type())
+        backend = devices.backend_for(device)
     os.environ["MASTER_ADDR"] = MASTER_ADDR
     os.environ["MASTER_PORT"] = PER_RANK_PORT
     if init_pg:
@@ -75,11 +72,10 @@ class DynamoDistributedSingleProcTestCase(TestCase):
         cls._exit_stack.enter_context(mock.patch.dict(
             os.environ, {"MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": SINGLE_PROC_PORT}))
         cls.rank = 0
-        device = _device_type()
+        device = devices.device_type()
         cls.device = f"{device}:{cls.rank}"
         cls.device_ids = None if device in cls.device else [cls.rank]
-        dist.init_process_group(dist.get_default_backend_for_device(device), rank=cls.rank,
-                                world_size=1)
+        dist.init_process_group(devices.backend_for(device), rank=cls.rank, world_size=1)
 
     @classmethod
     def tearDownClass(cls) -> None:

@@ -4,8 +4,10 @@
 default group initialised through the test's private rendezvous file with the backend
 for this machine (nccl on GPUs, gloo on CPU), the rank's device selected, and a barrier
 so no rank starts early; after the body, a barrier (unless this rank failed) and the
-group's destruction. `FSDPTestMixin` adds upstream's parity helpers (`_test_fsdp_parity`,
-`_train_for_several_steps`, the `_check_*` assertions) to FSDPTest and FSDPTestContinuous.
+group's destruction. `FSDPTestContinuous` gives the same on upstream's shared-process base
+(harness/process/continuous.py), with one group per class. `FSDPTestMixin` adds upstream's
+parity helpers (`_test_fsdp_parity`, `_train_for_several_steps`, the `_check_*` assertions)
+to FSDPTest and FSDPTestContinuous.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from harness.compat import local_tensor as compat_local_tensor
 from harness.kit.fsdp_helpers import _zero_model, get_full_params
 from harness.kit.models import DEVICEInitMode, FSDPInitMode, fsdp_kwargs_for_device
 from harness.process.case import MultiProcessTestCase
+from harness.process.continuous import MultiProcContinuousTest, class_device_type
 from harness.skips import require_accelerator_per_rank
 from harness.threads.case import MultiThreadedTestCase
 from harness.threads.world import RankReleased
@@ -57,6 +60,18 @@ class _RankDevice:
     def process_group(self) -> Any:
         """The default process group of this rank."""
         return dist.group.WORLD
+
+
+class _AcceleratorPerRank:
+    """FSDP's bases give each rank its own accelerator: with fewer accelerators than ranks the
+    test skips before any rank starts (on CPU too, unless the CPU is allowed), as upstream's
+    FSDP ranks skip."""
+
+    def checked_rank_settings(self) -> Tuple[int, float]:
+        """The base's checks, then one accelerator per rank unless the CPU is allowed."""
+        world_size, timeout = super().checked_rank_settings()  # type: ignore[misc]
+        require_accelerator_per_rank(self, world_size)  # type: ignore[arg-type]
+        return world_size, timeout
 
 
 class FSDPTestMixin:
@@ -301,7 +316,7 @@ class FSDPTestMixin:
             )
 
 
-class FSDPTest(FSDPTestMixin, _RankDevice, MultiProcessTestCase):
+class FSDPTest(FSDPTestMixin, _AcceleratorPerRank, _RankDevice, MultiProcessTestCase):
     """MultiProcessTestCase whose ranks run each test inside an initialised default group.
 
     `device`, `device_type` and `process_group` are properties, so suites may override them
@@ -318,17 +333,11 @@ class FSDPTest(FSDPTestMixin, _RankDevice, MultiProcessTestCase):
         """False, as upstream's FSDPTest: its own tearDown destroys the group."""
         return False
 
-    def checked_rank_settings(self) -> Tuple[int, float]:
-        """The base's checks, then one accelerator per rank unless the CPU is allowed."""
-        world_size, timeout = super().checked_rank_settings()
-        require_accelerator_per_rank(self, world_size)
-        return world_size, timeout
-
     def setUp(self) -> None:
         super().setUp()
         self._spawn_processes()  # as upstream's: the rest of a subclass's setUp is the parent's
 
-    def _rank_set_up(self) -> None:
+    def rank_set_up(self) -> None:
         """In a rank, before the test method: the default group (upstream's fake backend when
         the class sets `fake_pg`), the rank's device, a barrier; then the seeding."""
         device = self.device
@@ -344,16 +353,16 @@ class FSDPTest(FSDPTestMixin, _RankDevice, MultiProcessTestCase):
                 world_size=self.world_size,
             )
         dist.barrier()
-        super()._rank_set_up()
+        super().rank_set_up()
 
-    def _rank_tear_down(self) -> None:
+    def rank_tear_down(self) -> None:
         """In a rank, after the test method: a barrier (unless this rank failed: its peers
         may be stuck elsewhere), then the group's destruction."""
         if dist.is_initialized():
-            if not self._rank_failed():
+            if not self.rank_failed():
                 dist.barrier()
             dist.destroy_process_group()
-        super()._rank_tear_down()
+        super().rank_tear_down()
 
 
 class FSDPTestMultiThread(_RankDevice, MultiThreadedTestCase):
@@ -372,15 +381,51 @@ class FSDPTestMultiThread(_RankDevice, MultiThreadedTestCase):
         super().setUp()
         self._spawn_threads()  # as upstream's: the rest of a subclass's setUp is the parent's
 
-    def _init_rank_thread(self) -> None:
-        super()._init_rank_thread()
+    def start_rank_thread(self) -> None:
+        super().start_rank_thread()
         device = self.device
         if device.type == "cuda":
             torch.cuda.set_device(device)  # per thread, like the rank's process would
         dist.barrier()
 
-    def _finish_rank_thread(self, passed: bool) -> None:
+    def finish_rank_thread(self, passed: bool) -> None:
         if passed and dist.is_initialized():
             with contextlib.suppress(RankReleased):  # a peer failed: its failure is the report
                 dist.barrier()
-        super()._finish_rank_thread(passed)
+        super().finish_rank_thread(passed)
+
+
+class FSDPTestContinuous(FSDPTestMixin, _AcceleratorPerRank, MultiProcContinuousTest):
+    """Upstream's `FSDPTestContinuous`: the FSDP parity helpers on MultiProcContinuousTest.
+
+    The backend follows the device type (nccl on GPUs, gloo on CPU); each rank uses its own
+    device (`self.device`); `process_group` is the class's `pg`. The ranks meet before each
+    test (the shared ranks' barrier); unlike upstream there is no barrier after it, where a
+    rank whose peer failed would wait for it in vain. With fewer accelerators than ranks (on
+    CPU: always, unless the CPU is allowed) the test skips before any rank starts, as
+    upstream's ranks do.
+    """
+
+    @classmethod
+    def backend_str(cls) -> str:
+        return devices.backend_for(class_device_type(cls))
+
+    @classmethod
+    def device_type(cls) -> str:
+        return devices.device_type()
+
+    @classmethod
+    def _init_pg(cls, rank: int, world_size: int, rdvz_file: str) -> None:
+        device = devices.rank_device(rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        super()._init_pg(rank, world_size, rdvz_file)
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's device: its own GPU, or the CPU."""
+        return devices.rank_device(max(self.rank, 0))
+
+    @property
+    def process_group(self) -> Any:
+        return type(self).pg

@@ -27,6 +27,7 @@ from torch.distributed._shard.sharding_spec import (
     ShardMetadata,
 )
 
+from harness import devices
 from harness.network import tp_transports
 from harness.process.case import MultiProcessTestCase
 from harness.skips import TEST_SKIPS
@@ -42,7 +43,6 @@ __all__ = [
 TEST_GPU_NUM = 4
 DEFAULT_GPU_NUM = 4
 SUPPORTED_BACKENDS = ("nccl", "gloo", "mpi", "hccl", "xccl")
-ACCELERATOR_BACKENDS = ("nccl", "xccl", "hccl")
 # Shuffled in place by each call of _chunk_sharding_specs_list_for_test, as upstream's list.
 PLACEMENTS = [f"rank:{rank}/cuda:{rank}" for rank in range(DEFAULT_GPU_NUM)]
 
@@ -95,12 +95,12 @@ class ShardedTensorTestBase(MultiProcessTestCase):
 def _accelerators_lacking(backend: str, world_size: int) -> bool:
     """Upstream's rule: an accelerator backend needs an accelerator whose default backend it
     is, and one per rank."""
-    if backend not in ACCELERATOR_BACKENDS:
+    if backend not in devices.ACCELERATOR_BACKENDS:
         return False
     accelerator = torch.accelerator.current_accelerator()
     return (
         accelerator is None
-        or backend != dist.get_default_backend_for_device(accelerator)
+        or backend != devices.backend_for(accelerator.type)
         or torch.accelerator.device_count() < world_size
     )
 

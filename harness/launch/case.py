@@ -8,9 +8,10 @@ environment setUp prepared; the test method joins them and turns their records i
 test's TestReport (harness/outcome/merge.py), handed to the runner's result and replayed into
 unittest's API (`report_outcome`). Each rank runs its own instance, which the
 launcher hands a RankContext (`attach_rank`): there only the test method runs, between the
-base's own rank set-up and tear-down (`_rank_set_up`, `_rank_tear_down`: FSDPTest's group,
-a thread's `perThreadSetUp`), never the class's setUp or tearDown. Modes differ only in
-their launcher and in what a rank needs attached, so a new mode is a new Launcher.
+base's own rank set-up and tear-down (`rank_set_up`, `rank_tear_down`: FSDPTest's group,
+a thread's `perThreadSetUp`), never the class's setUp or tearDown. Those three are the
+RankHooks every launcher calls (harness/launch/hooks.py). Modes differ only in their
+launcher and in what a rank needs attached, so a new mode is a new Launcher.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, List, Optional, Tuple
 
 from harness import devices
 from harness.launch.context import RankContext
-from harness.launch.launcher import Launcher
+from harness.launch.launcher import Launcher, RankSetup
 from harness.launch.routing import route_test_method
 from harness.outcome.fold import hand_report
 from harness.outcome.merge import decide
@@ -79,6 +80,7 @@ class RankedTestCase(TestCase):
         self._launcher: Optional[Launcher] = None
         self._result: Any = None  # the result this run reports to (see `run`)
         self._exited_early = False  # in a rank: its test method called sys.exit(0)
+        self._settings_fixed = False  # the supervisor checked the settings, fixed the world size
         route_test_method(self, self._join_ranks)
 
     @property
@@ -100,35 +102,44 @@ class RankedTestCase(TestCase):
             self._result = None
 
     def setUp(self) -> None:
-        super().setUp()
+        super().setUp()  # TestCase's: the declared requirements, checked once per test
         # A test that cannot run here skips before the rest of the class's setUp.
-        self.checked_rank_settings()
+        self._fix_rank_settings()
 
     def checked_rank_settings(self) -> Tuple[int, float]:
-        """(world_size, timeout), checked before any rank starts: unmet requirements and a world
-        size of 0 skip, a bad world size or timeout is a one-line config error."""
-        check_case_requirements(self)
+        """(world_size, timeout), checked before any rank starts: a world size of 0 skips, a
+        bad world size or timeout is a one-line config error (bases add their own checks)."""
         return devices.checked_rank_settings(self, world_size_of(self))
 
-    def _start_ranks(self) -> None:
+    def _fix_rank_settings(self) -> None:
+        fix_world_size(self, self.checked_rank_settings()[0])
+        self._settings_fixed = True
+
+    def start_ranks(self) -> None:
         """Start the ranks (supervisor only; a no-op in a rank and once started)."""
         if self.rank_context is not None or self._launcher is not None:
             return
-        world_size, _ = self.checked_rank_settings()
-        fix_world_size(self, world_size)
+        if not self._settings_fixed:  # a subclass's setUp that did not call ours
+            check_case_requirements(self)
+            self._fix_rank_settings()
         launcher = self.make_launcher()
         self._launcher = launcher
         self.addCleanup(launcher.close)  # also when a subclass's setUp fails after this
         try:
-            launcher.start(self)
+            setup = launcher.start(self)
         except BaseException:
             launcher.close()
             raise
+        self.describe_run(setup)
+
+    def describe_run(self, setup: RankSetup) -> None:
+        """In the supervisor, once the ranks started: show what the launcher set up as the
+        attributes upstream's bases have (process cases: `file_name`, `processes`)."""
 
     def _join_ranks(self) -> None:
         """The supervisor's test method: start the ranks unless setUp did, wait for them,
         report their verdict."""
-        self._start_ranks()
+        self.start_ranks()
         launcher = self._launcher
         assert launcher is not None
         self._meet_deadline()
@@ -169,19 +180,19 @@ class RankedTestCase(TestCase):
         fix_world_size(self, context.world_size)
 
     # --- in a rank: unittest's run, with the rank's own set-up instead of the class's --------
-    def _rank_set_up(self) -> None:
+    def rank_set_up(self) -> None:
         """In a rank, in place of setUp: what upstream's ranks do before the test method
         (seed, as its `run_test`); bases add their group."""
         seed_everything(current_seed())
 
-    def _rank_tear_down(self) -> None:
+    def rank_tear_down(self) -> None:
         """In a rank, in place of tearDown: what the base undoes after the test method."""
 
     def _callSetUp(self) -> None:  # noqa: N802 - unittest's hook
         if self.rank_context is None:
             super()._callSetUp()
         else:
-            self._rank_set_up()
+            self.rank_set_up()
 
     def _callTestMethod(self, method: Any) -> None:  # noqa: N802 - unittest's hook
         if self.rank_context is None:
@@ -203,9 +214,9 @@ class RankedTestCase(TestCase):
         if self.rank_context is None:
             super()._callTearDown()
         elif not self._exited_early:
-            self._rank_tear_down()
+            self.rank_tear_down()
 
-    def _rank_failed(self) -> bool:
+    def rank_failed(self) -> bool:
         """In a rank: whether this test already failed here, so peers may be out of step."""
         return self.rank_context is not None and self.rank_context.failed
 

@@ -15,7 +15,7 @@ import time
 from typing import Any, List, Optional, Tuple
 
 from harness.launch.context import RankContext
-from harness.launch.launcher import Launcher
+from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import (
     Event,
     RankRecord,
@@ -25,12 +25,16 @@ from harness.outcome.rank_record import (
 )
 
 
-def run_rank_here(case: Any, rank: int, world_size: int, **context: Any) -> RankRecord:
-    """Run `case`'s test as rank `rank` of `world_size` in this process; its record.
+def run_rank_here(
+    case: Any, rank: int, world_size: int, record: Optional[RankRecord] = None, **context: Any
+) -> RankRecord:
+    """Run `case`'s test as rank `rank` of `world_size` in this process; its record (`record`,
+    when the caller watches it while the test runs).
 
     `context` are further RankContext fields (init_method, grid_sync, ...).
     """
-    record = RankRecord(rank, pid=os.getpid())
+    if record is None:
+        record = RankRecord(rank, pid=os.getpid())
     sink = RecordSink(record)
     rank_context = RankContext(rank, world_size, ReportingResult(sink), **context)
     started = time.monotonic()
@@ -50,8 +54,9 @@ class SimulatedRanks(Launcher):
     """All ranks simulated by one instance of the test in this process (LocalTensor): it runs
     once, here, when the supervising case joins; nothing starts before, nothing is left."""
 
-    def start(self, case: Any) -> None:
+    def start(self, case: Any) -> RankSetup:
         """Nothing to start: the ranks are simulated when the test runs."""
+        return RankSetup()
 
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         return [run_rank_here(case, 0, case.world_size)], None

@@ -4,24 +4,37 @@ A supervising case (harness/launch/case.py) does not know how its ranks run: it 
 launcher to `start` them in setUp, to `join` them in the test method, and to `close`
 whatever is left. Each mode (fresh processes, shared processes, threads, torchrun, ranks
 simulated in one process) is one Launcher; the verdict is the same for all of them, because
-they all hand back one RankRecord per rank.
+they all hand back one RankRecord per rank. A launcher never writes into the case: `start`
+returns what it set up (`RankSetup`), and the case shows it as upstream's attributes.
 """
 
 from __future__ import annotations
 
 import abc
 import unittest
-from typing import List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
 
 from harness.outcome.rank_record import RankRecord
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    """What a launcher's `start` set up, for the supervising case to describe its run by
+    (`RankedTestCase.describe_run`: upstream's `file_name` and `processes`); the defaults where
+    a mode has no rendezvous file or no processes of its own."""
+
+    file_name: Optional[str] = None  # the test's rendezvous file (`init_method` derives from it)
+    processes: Sequence[Any] = ()  # the rank processes, while they run
 
 
 class Launcher(abc.ABC):
     """Runs one test's ranks and reports what each did."""
 
     @abc.abstractmethod
-    def start(self, case: unittest.TestCase) -> None:
-        """Start the ranks running `case`'s test (called from the supervising case's setUp)."""
+    def start(self, case: unittest.TestCase) -> RankSetup:
+        """Start the ranks running `case`'s test (called from the supervising case's setUp);
+        what was set up."""
 
     @abc.abstractmethod
     def join(self, case: unittest.TestCase) -> Tuple[List[RankRecord], Optional[float]]:

@@ -101,7 +101,7 @@ class RankRecord:
 
     def raised_error(self) -> bool:
         """Whether the first exception this rank reported was an error, not an assertion's."""
-        raised = [e for e in self.events if e.kind in ("failure", "expected_failure")]
+        raised = [e for e in self.events if raised_in_rank(e)]
         return bool(raised) and raised[0].status == "error"
 
     def problems(self, exit_accepted: Optional[Callable[[int, int], bool]] = None) -> List[str]:
@@ -113,7 +113,7 @@ class RankRecord:
         found = [
             f"rank {self.rank} raised:\n{e.text.rstrip()}"
             for e in self.events
-            if e.kind in ("failure", "expected_failure")
+            if raised_in_rank(e)
         ]
         code = self.test_exit_code()
         if code is not None:  # the test ended with sys.exit(code): the process's exit, upstream
@@ -207,6 +207,19 @@ def failure_event(exc_info: ExcInfo) -> Event:
     return Event("failure", format_error(exc_info), status=status)
 
 
+def raised_in_rank(event: Event) -> bool:
+    """Whether `event` is an exception the test raised in its rank (a failure, an error, or
+    an expected failure's)."""
+    return event.kind in ("failure", "expected_failure")
+
+
+def fails_rank(event: Event) -> bool:
+    """THE rule for which of a rank's events mean the test failed there: it raised, or it
+    called sys.exit with a code. The verdict (`RankRecord.problems`), the launchers' fail-fast
+    (harness/launch/fail_fast.py) and the process supervisor all read it."""
+    return raised_in_rank(event) or event.kind == "exit"
+
+
 def skip_exit_reason(exc_info: ExcInfo) -> Optional[str]:
     """The TEST_SKIPS message when the error is `sys.exit(code)` with a skip code, else None."""
     exctype, value, _ = exc_info
@@ -292,11 +305,11 @@ class RecordSink:
     def send(self, event: Event) -> None:
         if self.record.stopped and event.kind != "done":
             return  # the fallout of being stopped; the stack taken before says more
-        if event.kind in ("failure", "expected_failure", "exit"):
+        if fails_rank(event):
             self.record.problem_at = min(self.record.problem_at, time.monotonic())
         self.record.events.append(event)
 
     @property
     def failed(self) -> bool:
         """Whether the rank reported a failure of the test (grid points aside)."""
-        return any(e.kind in ("failure", "expected_failure", "exit") for e in self.record.events)
+        return any(fails_rank(e) for e in self.record.events)

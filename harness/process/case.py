@@ -21,10 +21,10 @@ import torch.distributed as dist
 from harness import devices
 from harness.launch.case import SUPERVISOR_RANK, RankedTestCase, assign
 from harness.launch.context import RankContext
-from harness.launch.launcher import Launcher
+from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.fold import with_own_problem
 from harness.outcome.merge import decide
-from harness.outcome.rank_record import RankRecord
+from harness.outcome.rank_record import RankRecord, raised_in_rank
 from harness.outcome.report import FAILED, PASSED, Outcome
 from harness.process.launchers import FreshProcesses, process_launcher
 from harness.skip_codes import TEST_SKIPS
@@ -107,14 +107,19 @@ class MultiProcessTestCase(RankedTestCase):
         outcome = super().doCleanups()
         if (
             self.rank_context is not None and self.destroy_pg_upon_exit
-            and not self._rank_failed() and not self._exited_early and dist.is_initialized()
+            and not self.rank_failed() and not self._exited_early and dist.is_initialized()
         ):
             dist.destroy_process_group()
         return outcome
 
     def _spawn_processes(self) -> None:
         """Upstream's call in setUp: start the ranks now (they see what setUp set so far)."""
-        self._start_ranks()
+        self.start_ranks()
+
+    def describe_run(self, setup: RankSetup) -> None:
+        """The rendezvous file (`init_method` derives from it) and the rank processes."""
+        assign(self, "file_name", setup.file_name)
+        self.processes = list(setup.processes)
 
     @classmethod
     def _run(
@@ -193,7 +198,7 @@ class RankExit:
         code = record.exitcode
         if record.test_exit_code() is not None:
             code = record.test_exit_code()
-        elif any(e.kind in ("failure", "expected_failure") for e in record.events):
+        elif any(raised_in_rank(e) for e in record.events):
             code = TEST_ERROR_EXIT_CODE
         elif any(e.kind == "skip" for e in record.events):
             code = TEST_SKIPS["generic"].exit_code
@@ -234,10 +239,10 @@ class DistributedTestBase(MultiProcessTestCase):
         super().setUp()
         self._spawn_processes()  # as upstream's: the rest of a subclass's setUp is the parent's
 
-    def _rank_tear_down(self) -> None:
+    def rank_tear_down(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-        super()._rank_tear_down()
+        super().rank_tear_down()
 
     def backend(self, device: str) -> str:
         """The collective backend for a device string: nccl, hccl, xccl, else gloo."""
@@ -256,15 +261,15 @@ class DistributedTestBase(MultiProcessTestCase):
             world_size=self.world_size if world_size is None else world_size,
             rank=self.rank,
         )
-        if backend in ("nccl", "xccl"):
-            accelerator = torch.accelerator.current_accelerator()
-            if accelerator is None:
+        if backend in devices.ACCELERATOR_BACKENDS:
+            rank_device = devices.rank_device(self.rank)
+            if rank_device.index is None:
                 raise RuntimeError(
                     f"create_pg({device!r}): the {backend} backend needs an accelerator and "
                     "none was found"
                 )
-            torch.accelerator.set_device_index(self.rank)
-            torch.set_default_device(torch.device(accelerator.type, self.rank))
+            torch.accelerator.set_device_index(rank_device.index)
+            torch.set_default_device(rank_device)
         return dist.group.WORLD
 
     def rank_to_device(self, device: str) -> Dict[int, List[int]]:

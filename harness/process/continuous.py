@@ -1,4 +1,4 @@
-"""Upstream's shared-process bases, `MultiProcContinuousTest` and `FSDPTestContinuous`.
+"""Upstream's shared-process base, `MultiProcContinuousTest` (FSDP's: harness/kit/fsdp.py).
 
 As upstream, one set of rank processes runs every test of a class, with one default process
 group per class: the ranks start on the class's first test (lazily, so device-type
@@ -20,20 +20,17 @@ import inspect
 import os
 import sys
 from datetime import timedelta
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
-import torch
 import torch.distributed as dist
 
 from harness import devices
 from harness.compat import distributed
 from harness.compat import local_tensor as compat_local_tensor
-from harness.kit.fsdp import FSDPTestMixin
 from harness.launch.launcher import Launcher
 from harness.process import shared as shared_ranks
 from harness.process.case import MultiProcessTestCase
 from harness.process.launchers import SharedProcesses, process_launcher
-from harness.skips import require_accelerator_per_rank
 from harness.world_size import BaseWorldSize
 
 
@@ -114,13 +111,13 @@ class MultiProcContinuousTest(MultiProcessTestCase):
 
     @classmethod
     def tearDownClass(cls) -> None:
-        shared_ranks.stop(cls)
+        shared_ranks.OPEN_RANKS.stop(cls)
         super().tearDownClass()
 
-    # -- in a shared rank (harness/process/rank.py `serve`) --------------------------------------
+    # -- in a shared rank (harness/process/rank.py `serve`): the SharedRankHooks ---------------
 
     @classmethod
-    def _shared_rank_start(cls, rank: int, world_size: int, rdvz_file: str) -> None:
+    def shared_rank_start(cls, rank: int, world_size: int, rdvz_file: str) -> None:
         """Once per set of ranks: the class attributes and the default group, as upstream."""
         cls.rank = rank  # type: ignore[assignment]
         cls.world_size = world_size
@@ -128,7 +125,7 @@ class MultiProcContinuousTest(MultiProcessTestCase):
         cls._init_pg(rank, world_size, rdvz_file)
 
     @classmethod
-    def _shared_rank_before_test(cls) -> None:
+    def shared_rank_before_test(cls) -> None:
         """Every rank meets before a test, so none is still in the last one (the test's setUp
         then reseeds, as in every rank).
 
@@ -143,7 +140,7 @@ class MultiProcContinuousTest(MultiProcessTestCase):
             dist.barrier(group=cls.pg)
 
     @classmethod
-    def _shared_rank_after_test(cls) -> bool:
+    def shared_rank_after_test(cls) -> bool:
         """Forget what torch.compile cached; whether the class's group is still there."""
         if "torch._dynamo" in sys.modules:
             compat_local_tensor.reset_dynamo()
@@ -156,56 +153,14 @@ class MultiProcContinuousTest(MultiProcessTestCase):
 
     # -- in a rank without the class's group (torchrun): a group for this test alone --------
 
-    def _rank_set_up(self) -> None:
+    def rank_set_up(self) -> None:
         context = self.rank_context
         if context is not None and type(self).pg is None:
-            type(self)._shared_rank_start(context.rank, context.world_size, context.init_method)
+            type(self).shared_rank_start(context.rank, context.world_size, context.init_method)
             self.addCleanup(self._destroy_test_group)  # the last cleanup
-        super()._rank_set_up()
+        super().rank_set_up()
 
     def _destroy_test_group(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
         type(self).pg = None
-
-
-class FSDPTestContinuous(FSDPTestMixin, MultiProcContinuousTest):
-    """Upstream's `FSDPTestContinuous`: the FSDP parity helpers on MultiProcContinuousTest.
-
-    The backend follows the device type (nccl on GPUs, gloo on CPU); each rank uses its own
-    device (`self.device`); `process_group` is the class's `pg`. The ranks meet before each
-    test (the shared ranks' barrier); unlike upstream there is no barrier after it, where a
-    rank whose peer failed would wait for it in vain. With fewer accelerators than ranks (on
-    CPU: always, unless the CPU is allowed) the test skips before any rank starts, as
-    upstream's ranks do.
-    """
-
-    @classmethod
-    def backend_str(cls) -> str:
-        return devices.backend_for(class_device_type(cls))
-
-    @classmethod
-    def device_type(cls) -> str:
-        return devices.device_type()
-
-    @classmethod
-    def _init_pg(cls, rank: int, world_size: int, rdvz_file: str) -> None:
-        device = devices.rank_device(rank)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        super()._init_pg(rank, world_size, rdvz_file)
-
-    @property
-    def device(self) -> torch.device:
-        """This rank's device: its own GPU, or the CPU."""
-        return devices.rank_device(max(self.rank, 0))
-
-    @property
-    def process_group(self) -> Any:
-        return type(self).pg
-
-    def checked_rank_settings(self) -> Tuple[int, float]:
-        """The base's checks, then one accelerator per rank unless the CPU is allowed."""
-        world_size, timeout = super().checked_rank_settings()
-        require_accelerator_per_rank(self, world_size)
-        return world_size, timeout

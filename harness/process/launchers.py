@@ -4,8 +4,9 @@ the one choice of torchrun's launcher when torchrun started this process.
 Each launcher is thin: RankGroup (harness/process/supervisor.py) starts and supervises rank
 processes, SharedRanks (harness/process/shared.py) keeps a class's set between tests. What a
 launcher adds is the Launcher interface (harness/launch/launcher.py), so the case does not
-know which of them runs its ranks, and the description of the run on the supervising case
-(`file_name`, `init_method`, `processes`), as upstream's MultiProcessTestCase exposes them.
+know which of them runs its ranks, and the description of the run `start` returns (a
+RankSetup: `file_name`, `processes`), which the case exposes as upstream's MultiProcessTestCase
+does.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 from typing import Any, List, Optional, Tuple
 
 from harness import devices
-from harness.launch.case import assign
-from harness.launch.launcher import Launcher
+from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import RankRecord
 from harness.process import shared as shared_ranks
+from harness.process import torchrun
 from harness.process.supervisor import RankGroup
 
 
@@ -38,15 +39,13 @@ class FreshProcesses(Launcher):
 
     def __init__(self) -> None:
         self._group: Optional[RankGroup] = None
-        self._case: Any = None
 
-    def start(self, case: Any) -> None:
+    def start(self, case: Any) -> RankSetup:
         _check_importable(case)
         group = RankGroup(case.world_size)
-        self._group, self._case = group, case
-        assign(case, "file_name", group.file_name)  # init_method derives from it
+        self._group = group
         group.start(type(case), case._testMethodName)
-        case.processes = group.processes
+        return RankSetup(group.file_name, group.processes)
 
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         group = self._group
@@ -57,7 +56,6 @@ class FreshProcesses(Launcher):
     def close(self) -> None:
         if self._group is not None:
             self._group.close()
-            self._case.processes = []
 
 
 class SharedProcesses(Launcher):
@@ -69,11 +67,12 @@ class SharedProcesses(Launcher):
         self._sent_to: Optional[shared_ranks.SharedRanks] = None
         self._cls: Optional[type] = None
 
-    def start(self, case: Any) -> None:
+    def start(self, case: Any) -> RankSetup:
         _check_importable(case)
-        ranks = shared_ranks.ranks_of(type(case), case.world_size)
-        ranks.send_test(case)
+        ranks = shared_ranks.OPEN_RANKS.ranks_of(type(case), case.world_size)
+        setup = ranks.send_test(case)
         self._sent_to, self._cls = ranks, type(case)
+        return setup
 
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         ranks, self._sent_to = self._sent_to, None
@@ -86,15 +85,12 @@ class SharedProcesses(Launcher):
         """A test sent to the ranks but never joined (its setUp failed later) leaves them out
         of step: stop them. After a join the class's ranks stay for its next test."""
         if self._sent_to is not None and self._cls is not None:
-            shared_ranks.stop(self._cls)
+            shared_ranks.OPEN_RANKS.stop(self._cls)
             self._sent_to = None
 
 
 def process_launcher(default: Launcher) -> Launcher:
     """`default`, unless torchrun launched this process: then torchrun's launcher, which runs
     this rank here and meets the other launched processes (harness/process/torchrun.py)."""
-    if devices.torchrun_env() is None:
-        return default
-    from harness.process.torchrun import TorchrunLauncher  # only needed under torchrun
-
-    return TorchrunLauncher()
+    run = torchrun.this_run()
+    return default if run is None else torchrun.TorchrunLauncher(run)

@@ -38,6 +38,7 @@ from harness.compat import cpu_defaults as compat_cpu_defaults
 from harness.compat import flight_recorder as compat_flight_recorder
 from harness.devices import DEBUG_RANK_ENV
 from harness.launch.context import RankContext
+from harness.launch.hooks import SharedRankHooks
 from harness.outcome.rank_record import (
     Event,
     ReportingResult,
@@ -130,17 +131,17 @@ class Task:
 def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
     """Entry point of a shared rank process: set the class up once, then run each test sent.
 
-    The class hooks `_shared_rank_start` (once: create the default group),
-    `_shared_rank_before_test` (the ranks meet) and `_shared_rank_after_test` (False when
-    the test left the rank unusable) keep the class-specific part out of here. Before a test,
-    the rank reports "ready" (with the test's number) once past the meeting: a parent that
-    never hears it knows the ranks cannot meet any more and starts new ones. A rank whose
-    test passed goes to the next test's meeting at once (its peers are not inside a
-    collective of the test, which the meeting's could be mistaken for), so that meeting
-    overlaps the parent's own work; one whose test failed or skipped goes only once the
-    next test arrives. A test that leaves process state behind (harness/process/leaks.py:
-    each rank compares snapshots taken before and after it) fails, and the rank exits, so
-    the next test starts on new ranks. When its pipe closes the rank exits.
+    The class's SharedRankHooks (harness/launch/hooks.py) keep the class-specific part out of
+    here: `shared_rank_start` (once: create the default group), `shared_rank_before_test` (the
+    ranks meet) and `shared_rank_after_test` (False when the test left the rank unusable).
+    Before a test, the rank reports "ready" (with the test's number) once past the meeting: a
+    parent that never hears it knows the ranks cannot meet any more and starts new ones. A rank
+    whose test passed goes to the next test's meeting at once (its peers are not inside a
+    collective of the test, which the meeting's could be mistaken for), so that meeting overlaps
+    the parent's own work; one whose test failed or skipped goes only once the next test
+    arrives. A test that leaves process state behind (harness/process/leaks.py: each rank
+    compares snapshots taken before and after it) fails, and the rank exits, so the next test
+    starts on new ranks. When its pipe closes the rank exits.
     """
     _set_up_process(spec)
     cls: Any = None
@@ -149,7 +150,7 @@ def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
     try:
         cls = load_class(spec.module, spec.qualname)
         checks = leaks.checks_for(cls)
-        cls._shared_rank_start(spec.rank, spec.world_size, spec.file_name)
+        cls.shared_rank_start(spec.rank, spec.world_size, spec.file_name)
     except (Exception, SystemExit):
         err = sys.exc_info()
         skip = _skip_reason(err)
@@ -177,7 +178,7 @@ def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
         # there as a connection error) is not this test's output: keep it out of its report.
         output = f"{spec.output_path}.between"
         _capture_output(output)
-        if not cls._shared_rank_after_test():
+        if not cls.shared_rank_after_test():
             break
         met = passed and _meet(cls, channel, number)
         if passed and not met:
@@ -185,10 +186,10 @@ def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
     _leave(channel)
 
 
-def _meet(cls: Any, channel: Connection, number: int) -> bool:
+def _meet(cls: SharedRankHooks, channel: Connection, number: int) -> bool:
     """The ranks' meeting before test `number`; False (with why, in the output) if it failed."""
     try:
-        cls._shared_rank_before_test()
+        cls.shared_rank_before_test()
     except Exception:
         traceback.print_exc()
         return False
@@ -381,7 +382,8 @@ def _prepare_process(spec: RankSpec) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     assert_rewrite.install(spec.env)  # under pytest, test modules imported here are rewritten
     compat_flight_recorder.enable()  # so a hang report can say which collective each rank is in
-    compat_cpu_defaults.install()  # HARNESS_ALLOW_CPU: torch's accelerator defaults on CPU
+    # HARNESS_ALLOW_CPU: the CPU analogs of torch's accelerator defaults
+    compat_cpu_defaults.PROCESS_ADAPTATIONS.install()
     # Ctrl-C reaches the whole process group; the parent decides and stops the ranks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.enable(all_threads=True)

@@ -3,7 +3,7 @@
 The parent side of MultiProcContinuousTest (harness/process/continuous.py). A class's
 ranks start on its first test (forks of the preloaded forkserver,
 harness/process/forkserver.py), create the default group once (the class's
-`_shared_rank_start`), then run each test they are sent
+`shared_rank_start`), then run each test they are sent
 (harness/process/rank.py `serve`). Every test's events are supervised and reported exactly as in the
 fresh-process mode (same RankGroup, RankRecord and outcome rules); what shared processes add
 is deciding when the set can no longer be trusted:
@@ -14,9 +14,10 @@ is deciding when the set can no longer be trusted:
   within READY_TIMEOUT_S (a group a previous test left broken) is replaced, and the test
   runs on the new set: it is not the test's fault.
 
-Nothing outlives the class: `stop(cls)` (tearDownClass) and `stop_all()` (at exit, and for
-a runner stopped by a signal between two tests of a class) kill the ranks and remove their
-private dir; a test interrupted while it runs stops its class's ranks itself.
+Nothing outlives the class: `OPEN_RANKS` (an `OpenRanks`) keeps each class's set between its
+tests, and `stop(cls)` (tearDownClass) and `stop_all()` (the runner's scope, and at exit)
+kill the ranks and remove their private dir; a test interrupted while it runs stops its
+class's ranks itself.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import atexit
 from typing import Any, Dict, List, Optional, Tuple
 
-from harness.launch.case import assign
+from harness.launch.launcher import RankSetup
 from harness.outcome.rank_record import RankRecord
 from harness.process import leaks
 from harness.process.supervisor import RankGroup
@@ -42,16 +43,19 @@ class SharedRanks:
         self.starts = 0  # how many sets were started (a new one after each broken one)
         self._reused = False  # the current test went to ranks that ran an earlier one
 
-    def send_test(self, case: Any) -> None:
+    def send_test(self, case: Any) -> RankSetup:
         """Have the ranks start `case`'s test (starting them if there are none, or if they can
         no longer be reached); `finish_test` collects it. Sent from the parent's setUp, so the
-        ranks begin while the parent finishes setting up."""
+        ranks begin while the parent finishes setting up. Returns the test's rendezvous file
+        and the ranks' processes, as the fresh mode's launcher does."""
         group = self.group
         self._reused = group is not None and group.send_test(case._testMethodName)
         if not self._reused:
             self.close()
-            self._start(case).send_test(case._testMethodName)  # a rank gone: supervise says so
-        self._describe(case)
+            group = self._start(case)
+            group.send_test(case._testMethodName)  # a rank gone: supervise says so
+        assert group is not None
+        return RankSetup(group.test_file(), group.processes)
 
     def finish_test(self, case: Any, timeout: float) -> Tuple[List[RankRecord], bool]:
         """The test's records, and whether the timeout stopped the ranks."""
@@ -62,7 +66,6 @@ class SharedRanks:
             self.close()  # a broken set: run the test on new ranks instead
             group = self._start(case)
             group.send_test(case._testMethodName)
-            self._describe(case)
         try:
             timed_out = group.supervise(timeout)
         except BaseException:  # KeyboardInterrupt, SIGTERM: no rank outlives the test
@@ -71,12 +74,6 @@ class SharedRanks:
         if not group.intact() or leaks.leaked(group.records):
             self.close()  # a leak: the next test must not meet what this one left
         return group.records, timed_out
-
-    def _describe(self, case: Any) -> None:
-        """`case.file_name`, `init_method` and `processes` describe the run, as in fresh mode."""
-        assert self.group is not None
-        assign(case, "file_name", self.group.test_file())  # init_method derives from it
-        case.processes = self.group.processes
 
     def _start(self, case: Any) -> RankGroup:
         group = RankGroup(self.world_size)
@@ -96,29 +93,38 @@ class SharedRanks:
             group.close()
 
 
-_open: Dict[type, SharedRanks] = {}
+class OpenRanks:
+    """Every test class's shared ranks in this process, by class.
+
+    A class's ranks outlive each of its tests (each test is its own TestCase instance), so
+    they are kept here, where its next test finds them. Three owners stop them: the class's
+    tearDownClass (`stop`), the runner's scope when a run ends or is stopped between two tests
+    of a class (harness/runner/lifecycle.py: `stop_all`), and, for a runner that has neither
+    (a plain `unittest.main`), this process's exit (`OPEN_RANKS` is registered with atexit).
+    """
+
+    def __init__(self) -> None:
+        self._by_class: Dict[type, SharedRanks] = {}
+
+    def ranks_of(self, cls: type, world_size: int) -> SharedRanks:
+        """The class's shared ranks (none started until its first test runs)."""
+        ranks = self._by_class.get(cls)
+        if ranks is None or ranks.world_size != world_size:
+            self.stop(cls)
+            ranks = self._by_class[cls] = SharedRanks(cls, world_size)
+        return ranks
+
+    def stop(self, cls: type) -> None:
+        """Stop the class's ranks, if it has any running (its tearDownClass)."""
+        ranks = self._by_class.pop(cls, None)
+        if ranks is not None:
+            ranks.close()
+
+    def stop_all(self) -> None:
+        """Stop every class's ranks: a run ends, or stops between a class's tests (signals)."""
+        for cls in list(self._by_class):
+            self.stop(cls)
 
 
-def ranks_of(cls: type, world_size: int) -> SharedRanks:
-    """The class's shared ranks (none started until its first test runs)."""
-    ranks = _open.get(cls)
-    if ranks is None or ranks.world_size != world_size:
-        stop(cls)
-        ranks = _open[cls] = SharedRanks(cls, world_size)
-    return ranks
-
-
-def stop(cls: type) -> None:
-    """Stop the class's ranks, if it has any running (its tearDownClass)."""
-    ranks = _open.pop(cls, None)
-    if ranks is not None:
-        ranks.close()
-
-
-def stop_all() -> None:
-    """Stop every class's ranks: for a runner stopped between a class's tests (signals)."""
-    for cls in list(_open):
-        stop(cls)
-
-
-atexit.register(stop_all)
+OPEN_RANKS = OpenRanks()  # this process's; the one registry every caller names
+atexit.register(OPEN_RANKS.stop_all)

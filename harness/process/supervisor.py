@@ -7,9 +7,10 @@ harness/process/shared.py) run one test per round, each round with fresh records
 output files.
 
 It collects what the ranks report until they have all exited (shared ranks: until each
-reported "done" for the round), stops the others a few seconds after one failed or skipped
-(fail fast), and at the timeout; before stopping a rank it has the rank dump its Python
-stack into its output, so the report can show where it was. Deciding the outcome is
+reported "done" for the round), stops the others once one failed or skipped (the fail-fast
+policy of every mode, harness/launch/fail_fast.py), and at the timeout; before stopping a
+rank it has the rank dump its Python stack into its output, so the report can show where it
+was. Deciding the outcome is
 harness/outcome/merge.py's job; harness/process/launchers.py puts the two together.
 """
 
@@ -26,8 +27,9 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Dict, List, Set
 
 from harness import devices
+from harness.launch.fail_fast import FailFast
 from harness.outcome import collective_trace, stacks
-from harness.outcome.rank_record import RankRecord
+from harness.outcome.rank_record import RankRecord, fails_rank
 from harness.process import assert_rewrite, forkserver
 from harness.process.rank import (
     COLLECTIVES_SIGNAL,
@@ -40,7 +42,6 @@ from harness.process.rank import (
 from harness.process.rank import main as rank_main
 from harness.process.rank import serve as rank_serve
 
-FAIL_FAST_GRACE_S = 3.0  # once a rank failed, how long the others may still report
 STACK_DUMP_WAIT_S = 1.0  # how long a rank gets to write its stack before it is killed
 COLLECTIVES_DUMP_WAIT_S = 1.0  # ... and the collectives it entered
 STREAM_INTERVAL_S = 0.1
@@ -182,22 +183,20 @@ class RankGroup:
 
     def supervise(self, timeout: float) -> bool:
         """Collect reports until every rank exited; True if the timeout stopped them."""
-        started = time.monotonic()
-        deadline, stop_at = started + timeout, float("inf")
+        deadline = time.monotonic() + timeout
+        fail_fast = FailFast()
         stream = devices.show_output()
-        debugging = devices.debug_rank() is not None  # the others wait for the rank debugged
         while self._running() or any(rank not in self._alive for rank in self._readers):
+            stop_at = min(deadline, fail_fast.stop_at(self.records))
             now = time.monotonic()
-            if now >= min(deadline, stop_at):
+            if now >= stop_at:
                 break
-            wait_s = min(deadline, stop_at) - now
+            wait_s = stop_at - now
             if stream:
                 wait_s = min(wait_s, STREAM_INTERVAL_S)
             self._wait_once(wait_s)
             if stream:
                 self._stream()
-            if stop_at == float("inf") and self._any_rank_ended_test() and not debugging:
-                stop_at = time.monotonic() + FAIL_FAST_GRACE_S
         still_running = self._running()
         self._stop(still_running)
         for rank in list(self._readers):  # what the stopped ranks sent before they were stopped
@@ -205,7 +204,7 @@ class RankGroup:
         self._collect_output()
         if stream:
             self._stream()
-        return bool(still_running) and stop_at == float("inf")
+        return bool(still_running) and not fail_fast.triggered
 
     def _ready(self, record: RankRecord) -> bool:
         return self._ready_for.get(record.rank, -1) >= self.round or record.finished
@@ -238,7 +237,7 @@ class RankGroup:
                     self.records[rank].events.append(event)
                     if event.kind == "done":
                         self.records[rank].duration = time.monotonic() - self._began
-                    if event.kind in ("failure", "expected_failure", "exit"):
+                    if fails_rank(event):
                         self._note_problem(rank)
                 block = False
         except (EOFError, OSError):
@@ -264,10 +263,6 @@ class RankGroup:
     def _note_problem(self, rank: int) -> None:
         record = self.records[rank]
         record.problem_at = min(record.problem_at, time.monotonic())
-
-    def _any_rank_ended_test(self) -> bool:
-        """A rank failed or skipped the whole test: the others need not run to the end."""
-        return any(r.failed or r.skip_reason() is not None for r in self.records)
 
     def _stop(self, ranks: List[int]) -> None:
         """Have each rank still running dump its collectives and Python stack, then kill it."""

@@ -181,7 +181,7 @@ def _apply_env(args: argparse.Namespace) -> None:
         devices.default_timeout()
         devices.debug_rank()
         devices.start_method()
-        torchrun.launched()
+        devices.torchrun_env()
         progress_interval()
         current_seed()
     except (devices.HarnessConfigError, ValueError) as error:
@@ -204,7 +204,8 @@ def print_list(plan: Plan, out: TextIO) -> None:
     """--list: the plan's test ids, one a line (under torchrun, rank 0 alone prints them), as
     the commands take them back: `-k ID`; for a script, `python test_x.py ID` (so without
     `__main__.`); pytest's `test_x.py::Class::method` is the same id with `::`."""
-    if not torchrun.reports_here():
+    run = torchrun.this_run()
+    if run is not None and not run.reports_here:
         return
     for _, tests in plan:
         for test in tests:

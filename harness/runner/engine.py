@@ -68,7 +68,8 @@ class Engine:
         self.arrivals = 0
         self.aborted = ""
         self.interrupted_by: Optional[int] = None  # the signal that stopped the run
-        self.reporting = torchrun.reports_here()
+        self.torchrun = torchrun.this_run()  # this process's part when torchrun launched it
+        self.reporting = self.torchrun is None or self.torchrun.reports_here
         total = sum(len(tests) for _, tests in plan)
         verbosity = options.verbosity if self.reporting else 0
         self.progress = Progress(total, options.progress_stream, verbosity, progress_interval())
@@ -93,8 +94,8 @@ class Engine:
             self._record(test, report, place or (0, self.arrivals))
 
     def _record(self, test: Any, record: TestReport, place: Tuple[int, int]) -> None:
-        if torchrun.out_of_step() and not self.aborted:
-            self.aborted = torchrun.out_of_step()
+        if self.torchrun is not None and self.torchrun.out_of_step and not self.aborted:
+            self.aborted = self.torchrun.out_of_step
             self.collector.stop()
         stats = self.stats[record.suite]
         stats.grid_points += record.grid_points
@@ -119,13 +120,13 @@ class Engine:
         forks with its suite imported instead of importing it per test. Not under torchrun
         (no rank is forked) nor with spawn. Suites that failed to import are left out:
         multiprocessing's forkserver survives only an ImportError from a preloaded module."""
-        if torchrun.launched() is None and devices.start_method() == "forkserver":
+        if self.torchrun is None and devices.start_method() == "forkserver":
             forkserver.preload(*(module for module, _ in self.plan if module in sys.modules))
 
     def _side_by_side(self) -> Optional[parallel.Controller]:
         """-j's controller, when its pool has two workers or more (not under torchrun, whose
         ranks run the plan in step)."""
-        if self.options.jobs <= 1 or torchrun.launched() is not None:
+        if self.options.jobs <= 1 or self.torchrun is not None:
             return None
         units = parallel.units_of(self.plan, self.options.jobs)
         workers = parallel.pool_size(units, self.options.jobs)
@@ -164,8 +165,8 @@ class Engine:
         finally:
             self.progress.close()
         with lifecycle.deferred_signals():
-            if not self.aborted:
-                torchrun.finish_run(devices.default_timeout())
+            if not self.aborted and self.torchrun is not None:
+                self.torchrun.finish(devices.default_timeout())
             if self.reporting:
                 self.report()
         if self.interrupted_by is not None:

@@ -94,7 +94,8 @@ def run_scope() -> Iterator[None]:
     finally:
         scope.closing = True
         try:
-            shared_ranks.stop_all()  # a class's ranks and private dir, when stopped between tests
+            # a class's ranks and private dir, when stopped between its tests
+            shared_ranks.OPEN_RANKS.stop_all()
             _stop_children(children_before)
             forkserver.stop_helpers(helpers_before)
         finally:

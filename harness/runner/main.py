@@ -21,7 +21,7 @@ import expecttest
 
 from harness import devices
 from harness.compat import cpu_defaults as compat_cpu_defaults
-from harness.process import forkserver, torchrun
+from harness.process import forkserver
 from harness.runner import lifecycle, upstream_flags
 from harness.runner.cli import print_list, run_tests_parser
 from harness.runner.engine import Engine, Options, closing_line
@@ -92,7 +92,7 @@ class _Program(unittest.TestProgram):
             sys.exit(0)
         if opts.repeat > 1:
             self.test = unittest.TestSuite(repeat([("", tests)], opts.repeat)[0][1])
-        if torchrun.launched() is not None or opts.jobs > 1:
+        if devices.torchrun_env() is not None or opts.jobs > 1:
             # torchrun: the ranks run the plan in step; -j: side by side (with run_all.py's
             # summary); both through the engine
             options = Options(xml_dir=opts.save_xml, failfast=bool(self.failfast),

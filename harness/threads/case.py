@@ -8,7 +8,8 @@ upstream, setUp and tearDown run in the main thread only, `perThreadSetUp` and
 `perThreadTearDown` in each rank thread.
 Every rank's record is then turned into one outcome by the same rules as for processes
 (harness/outcome/merge.py). What this module adds is what a rank thread needs: its rank,
-its group (`_init_rank_thread`, `_finish_rank_thread`) and upstream's per-thread hooks.
+its group (the ThreadRankHooks of harness/launch/hooks.py: `start_rank_thread`,
+`finish_rank_thread`) and upstream's per-thread hooks.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class MultiThreadedTestCase(RankedTestCase):
         # Upstream's rank is a plain attribute; subclasses read it as `_thread_rank`.
         self._thread_rank = rank
 
-    def _rank_set_up(self) -> None:
+    def rank_set_up(self) -> None:
         # Rank threads share the process's generators, which the supervisor's setUp seeded
         # once: reseeding them from every rank thread would race with ranks already drawing
         # numbers (upstream's threads do not seed either).
@@ -85,10 +86,10 @@ class MultiThreadedTestCase(RankedTestCase):
 
     def _spawn_threads(self) -> None:
         """Upstream's call in setUp: start the rank threads now (else the test method does)."""
-        self._start_ranks()
+        self.start_ranks()
 
-    # --- in a rank thread (ThreadRanks calls these) -----------------------------------------
-    def _init_rank_thread(self) -> None:
+    # --- in a rank thread (ThreadRanks calls these: ThreadRankHooks) ------------------------
+    def start_rank_thread(self) -> None:
         """Before setUp: the default process group on the threaded backend."""
         world = thread_world.current_world()
         assert world is not None, "not in a rank thread"
@@ -100,7 +101,7 @@ class MultiThreadedTestCase(RankedTestCase):
             timeout=datetime.timedelta(seconds=world.timeout),
         )
 
-    def _finish_rank_thread(self, passed: bool) -> None:
+    def finish_rank_thread(self, passed: bool) -> None:
         """After the case ran; `passed` if it did not fail. Upstream's order: the group is
         destroyed, then `perThreadTearDown` runs."""
         if dist.is_initialized():

@@ -4,9 +4,11 @@ Threads make a multi-rank test cost milliseconds instead of process start-ups. `
 up what the ranks share (a ThreadedWorld, harness/threads/world.py, and the per-thread c10d
 world and warning filters) and starts one thread per rank; each thread builds its own
 instance of the test, hands it a RankContext, initialises its default group with the
-`threaded` backend (the case's `_init_rank_thread`) and runs it with `case.run(result)`, its
-events kept in the rank's RankRecord. `join` waits, stopping every rank a little after one
-failed (fail fast) or at the timeout, with the stack of every rank still running.
+`threaded` backend (the case's ThreadRankHooks, harness/launch/hooks.py: `start_rank_thread`,
+then `finish_rank_thread` after the run) and runs it with `case.run(result)`, its
+events kept in the rank's RankRecord. `join` waits, stopping the ranks still running once
+one failed or skipped (the fail-fast policy of every mode, harness/launch/fail_fast.py) or at
+the timeout, with the stack of every rank still running.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import torch.distributed as dist
 
 from harness import devices
 from harness.compat import c10d_world
+from harness.launch import fail_fast
 from harness.launch.context import GridSync, RankContext
-from harness.launch.launcher import Launcher
+from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome import stacks
 from harness.outcome.rank_record import (
     Event,
@@ -38,7 +41,6 @@ from harness.threads import backend as threaded_pg
 from harness.threads import world as thread_world
 from harness.threads.warning_filters import per_thread_warnings
 
-FAIL_FAST_GRACE_S = 10.0  # after a rank fails, how long the others get to notice and finish
 STOP_GRACE_S = 2.0  # how long a rank thread gets to unwind once told to stop
 
 
@@ -56,12 +58,12 @@ class ThreadRanks(Launcher):
         self.threads: List[threading.Thread] = []
         self._state = ExitStack()
 
-    def start(self, case: Any) -> None:
+    def start(self, case: Any) -> RankSetup:
         world_size, timeout = case.world_size, devices.test_timeout(case)
         threaded_pg.register()
         # Collectives wait longer than the test, so a hang is reported as the test timing
         # out (with stacks) rather than as a collective timing out.
-        self.world = thread_world.ThreadedWorld(world_size, timeout + FAIL_FAST_GRACE_S)
+        self.world = thread_world.ThreadedWorld(world_size, timeout + fail_fast.GRACE_S)
         self.records = [RankRecord(rank) for rank in range(world_size)]
         self.sinks = [RecordSink(record) for record in self.records]
         # Process-wide state the ranks change, restored however the test ends.
@@ -78,6 +80,7 @@ class ThreadRanks(Launcher):
             )
             self.threads.append(thread)
             thread.start()
+        return RankSetup()  # no rendezvous file, no processes: threads of this one
 
     def _rank_warning(self, text: str) -> bool:
         """A warning a rank thread shows (torch's, say) goes into that rank's output, shown
@@ -107,16 +110,14 @@ class ThreadRanks(Launcher):
     def _supervise(self, timeout: float) -> bool:
         """Wait for every rank; True if the test timed out. Stops ranks left behind."""
         deadline = time.monotonic() + timeout
+        policy = fail_fast.FailFast()
         for thread in self.threads:
             while thread.is_alive():
-                limit = deadline
-                failed_at = min(r.problem_at for r in self.records)
-                if failed_at != float("inf") and devices.debug_rank() is None:
-                    limit = min(deadline, failed_at + FAIL_FAST_GRACE_S)
+                limit = min(deadline, policy.stop_at(self.records))
                 now = time.monotonic()
                 if now >= limit:
                     self._stop()
-                    return limit == deadline
+                    return not policy.triggered
                 thread.join(min(0.5, limit - now))
         return False
 
@@ -152,7 +153,7 @@ class ThreadRanks(Launcher):
         context = RankContext(
             rank, world.world_size, ReportingResult(sink), grid_sync=_grid_sync(world, rank)
         )
-        rank_case: Any = None
+        rank_case: Any = None  # a unittest.TestCase with the ThreadRankHooks
         started = time.monotonic()
         try:
             # Thread-local: FSDP's backward hooks must run on the rank's own thread, not on
@@ -161,13 +162,13 @@ class ThreadRanks(Launcher):
             torch.set_num_threads(devices.intra_op_threads(world.world_size))
             rank_case = type(case)(case._testMethodName)
             rank_case.attach_rank(context)
-            rank_case._init_rank_thread()
+            rank_case.start_rank_thread()
         except BaseException:
             sink.send(failure_event(sys.exc_info()))
         try:
             if rank_case is not None and not sink.failed:
                 rank_case.run(context.result)
-                rank_case._finish_rank_thread(passed=not sink.failed)
+                rank_case.finish_rank_thread(passed=not sink.failed)
         except BaseException:
             sink.send(failure_event(sys.exc_info()))
         finally:

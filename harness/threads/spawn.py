@@ -33,7 +33,7 @@ from harness.skips import TEST_SKIPS
 from harness.threads import backend as threaded_pg
 from harness.threads import world as thread_world
 
-DEFAULT_WORLD_SIZE = 4  # upstream's default for this decorator on a machine without GPUs
+DEFAULT_WORLD_SIZE = devices.DEFAULT_WORLD_SIZE  # upstream's for this decorator without GPUs
 STOP_GRACE_S = 2.0  # how long threads get to leave once the run is aborted
 
 ExcInfo = Tuple[Type[BaseException], BaseException, Optional[TracebackType]]

@@ -1,0 +1,74 @@
+"""The rank hooks: what a launcher calls on a test's rank instance (or class), by public name.
+
+A launcher (harness/launch/launcher.py) knows nothing of a base's process groups, devices or
+barriers; it calls these hooks at fixed points and the bases implement them. Every hook has
+a default in the base that declares it, so a base overrides only what its ranks need, and a
+suite may override one too (calling `super()`).
+
+`RankHooks`, every mode, on the rank's own instance of the test (harness/launch/case.py):
+  `attach_rank(context)`  before the case runs: it becomes the rank `context` describes
+  `rank_set_up()`         in place of setUp (which runs only in the supervisor, as upstream)
+  `rank_tear_down()`      in place of tearDown; not after the test called sys.exit(0)
+
+`ThreadRankHooks`, rank threads (harness/threads/launcher.py), around the whole case run:
+  `start_rank_thread()`             before the case runs: the thread's default group
+  `finish_rank_thread(passed)`      after it and its cleanups: destroy the group, then
+                                    upstream's `perThreadTearDown`
+
+`SharedRankHooks`, class methods of a shared-process class (harness/process/rank.py `serve`):
+  `shared_rank_start(rank, world_size, rdvz_file)`  once per set of ranks: the class's group
+                                                    (upstream's `_init_pg`)
+  `shared_rank_before_test()`                       the ranks meet before each test
+  `shared_rank_after_test() -> bool`                after each test: whether the rank can take
+                                                    another (False: new ranks for the next)
+
+Upstream's own names stay what suites override: `perThreadSetUp`/`perThreadTearDown` (called
+from `rank_set_up`/`finish_rank_thread`), `_init_pg`, `backend_str`, `opts` (called from
+`shared_rank_start`), `_run`/`run_test` (a rank process's entry point).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from harness.launch.context import RankContext
+
+
+@runtime_checkable
+class RankHooks(Protocol):
+    """What every launcher calls on a rank's instance of the test."""
+
+    def attach_rank(self, context: RankContext) -> None:
+        """Become the rank `context` describes (before the case runs)."""
+
+    def rank_set_up(self) -> None:
+        """In the rank, in place of setUp: the base's own set-up (group, device, seed)."""
+
+    def rank_tear_down(self) -> None:
+        """In the rank, in place of tearDown: what the base undoes after the test method."""
+
+
+@runtime_checkable
+class ThreadRankHooks(RankHooks, Protocol):
+    """What the thread launcher also calls, around the case's run in each rank thread."""
+
+    def start_rank_thread(self) -> None:
+        """Before the case runs: the thread's default group (a failure here skips the run)."""
+
+    def finish_rank_thread(self, passed: bool) -> None:
+        """After the case and its cleanups ran; `passed` unless it failed in this rank."""
+
+
+@runtime_checkable
+class SharedRankHooks(Protocol):
+    """What a shared rank process calls on its test class (class methods)."""
+
+    def shared_rank_start(self, rank: int, world_size: int, rdvz_file: str) -> None:
+        """Once per set of ranks: the class's attributes and its default group."""
+
+    def shared_rank_before_test(self) -> None:
+        """Before each test: the ranks meet (raises when they cannot)."""
+
+    def shared_rank_after_test(self) -> bool:
+        """After each test: whether this rank can run the class's next test."""
