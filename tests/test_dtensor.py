@@ -14,6 +14,7 @@ import tempfile
 import unittest
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
+from unittest import mock
 
 import pytest
 import torch
@@ -207,9 +208,14 @@ class TestInitPg(unittest.TestCase):
     def test_defaults(self) -> None:
         case = DTensorTestBase()
         self.assertEqual(case.world_size, num_devices())
-        self.assertEqual(case.device_type, devices.device_type())
         self.assertEqual(case.backend, dist.get_default_backend_for_device(case.device_type))
         self.assertFalse(case.is_local_tensor_enabled)
+        # The accelerator only with one per rank (one GPU and four ranks: the CPU).
+        with mock.patch.object(devices, "accelerator_count", return_value=0):
+            self.assertEqual(case.device_type, "cpu")
+        with mock.patch.object(devices, "accelerator_count", return_value=case.world_size), \
+                mock.patch.object(devices, "device_type", return_value="cuda"):
+            self.assertEqual(case.device_type, "cuda")
 
     @pytest.mark.slow
     def test_a_bad_device_knob_does_not_break_import(self) -> None:

@@ -111,6 +111,9 @@ def thread_safe_sharding_propagation() -> Iterator[None]:
     """Give DTensor's sharding propagator a real lock while rank threads share it."""
     propagator = importlib.import_module("torch.distributed.tensor._sharding_prop")
     cls = propagator.ShardingPropagator
+    if not hasattr(cls, "_fake_mode_lock"):  # an older torch (2.11 has none): nothing to replace
+        yield
+        return
     original = cls._fake_mode_lock
     cls._fake_mode_lock = threading.Lock()
     try:
