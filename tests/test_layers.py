@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import unittest
 from pathlib import Path
-from typing import Dict, Iterator, List, Set
+from typing import Dict, Iterable, Iterator, List, Set, Tuple
 
 HARNESS = Path(__file__).resolve().parent.parent / "harness"
 
@@ -149,14 +149,19 @@ class CyclesTest(unittest.TestCase):
         )
 
 
+def forbidden_imports(modules: Iterable[str], forbidden: Tuple[str, ...]) -> Dict[str, List[str]]:
+    """Each of `modules` that imports (anywhere in its code) a module starting with one of
+    `forbidden`, with those imports."""
+    found = {
+        module: sorted(n for n in imports(module, module_level=False) if n.startswith(forbidden))
+        for module in sorted(modules)
+    }
+    return {module: names for module, names in found.items() if names}
+
+
 class LayersTest(unittest.TestCase):
     def test_foundation_imports_nothing_above_it(self) -> None:
-        upward = {
-            module: sorted(n for n in imports(module, module_level=False)
-                           if n.startswith(ABOVE_FOUNDATION))
-            for module in sorted(FOUNDATION)
-        }
-        self.assertEqual({m: n for m, n in upward.items() if n}, {})
+        self.assertEqual(forbidden_imports(FOUNDATION, ABOVE_FOUNDATION), {})
 
     def test_each_launch_mode_imports_neither_the_other_nor_the_kit(self) -> None:
         # The kit's bases (FSDPTestContinuous too) sit on the modes: a mode never imports them.
@@ -166,22 +171,14 @@ class LayersTest(unittest.TestCase):
             "harness.launch": ("harness.process", "harness.threads", "harness.kit",
                                "harness.runner"),
         }
-        upward = {
-            module: sorted(n for n in imports(module, module_level=False) if n.startswith(bad))
-            for package, bad in forbidden.items()
-            for module in sorted(MODULES) if module.startswith(package + ".")
-        }
-        self.assertEqual({m: n for m, n in upward.items() if n}, {})
+        for package, bad in forbidden.items():
+            inside = [m for m in MODULES if m.startswith(package + ".")]
+            self.assertEqual(forbidden_imports(inside, bad), {}, package)
 
     def test_outcome_imports_no_launch_mode_runner_or_kit(self) -> None:
         outcome = [m for m in MODULES if m == OUTCOME or m.startswith(OUTCOME + ".")]
         self.assertIn(f"{OUTCOME}.merge", outcome)
-        upward = {
-            module: sorted(n for n in imports(module, module_level=False)
-                           if n.startswith(ABOVE_OUTCOME))
-            for module in sorted(outcome)
-        }
-        self.assertEqual({m: n for m, n in upward.items() if n}, {})
+        self.assertEqual(forbidden_imports(outcome, ABOVE_OUTCOME), {})
 
     def test_importing_the_outcome_model_imports_no_torch(self) -> None:
         outcome = [m for m in MODULES if m == OUTCOME or m.startswith(OUTCOME + ".")]
