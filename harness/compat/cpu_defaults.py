@@ -32,8 +32,6 @@ from typing import Any, Dict, Iterator, Optional, Set, Tuple
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FullyShardedDataParallel
-from torch.nn.parallel import DistributedDataParallel
 
 from harness import devices
 
@@ -67,6 +65,11 @@ class CpuAdaptations:
             return False
         with self._lock:
             if not self.installed:
+                # Imported here: torch.distributed.fsdp costs every process that imports this
+                # module over a second, and only a CPU stand-in run patches it.
+                from torch.distributed.fsdp import FullyShardedDataParallel
+                from torch.nn.parallel import DistributedDataParallel
+
                 _patch_init(FullyShardedDataParallel, _fsdp_arguments)
                 _patch_init(DistributedDataParallel, _ddp_arguments)
                 self.installed = True
