@@ -8,9 +8,11 @@ torch's comparison machinery with a relaxed input check, which is private, so it
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional, Tuple
 
 import torch
+from torch.testing import _comparison
 from torch.testing._comparison import (
     BooleanPair,
     NonePair,
@@ -64,3 +66,22 @@ def default_tolerances(actual: torch.Tensor, expected: torch.Tensor) -> Tuple[fl
     from torch.testing._comparison import default_tolerances as tolerances
 
     return tolerances(actual, expected)
+
+
+def _unwrap_dtensors_once_loaded(unwrap: Any) -> Any:
+    """torch's DTensor check of assert_close, skipped while torch.distributed.tensor is not
+    imported: no DTensor can exist then, and importing it there (as torch does on every
+    call) costs each process that compares a tensor over a second."""
+
+    def unwrap_if_loaded(actual: Any, expected: Any) -> Tuple[Any, Any]:
+        if "torch.distributed.tensor" not in sys.modules:
+            return actual, expected
+        return unwrap(actual, expected)
+
+    unwrap_if_loaded.harness_lazy = True  # type: ignore[attr-defined]
+    return unwrap_if_loaded
+
+
+_original_unwrap = getattr(_comparison, "_unwrap_dtensor_for_comparison", None)
+if _original_unwrap is not None and not getattr(_original_unwrap, "harness_lazy", False):
+    _comparison._unwrap_dtensor_for_comparison = _unwrap_dtensors_once_loaded(_original_unwrap)

@@ -57,11 +57,12 @@ MISSING_GUARD_EXIT = 113
 MISSING_GUARD_EXIT_CODE = 2  # the run's exit code then: bad input
 FORKSERVER_EXIT_WAIT_S = 1.0  # after its socket closed, how long the forkserver may take to exit
 
-# What every rank would otherwise import itself, once per test: torch.distributed.tensor because
-# torch.testing.assert_close (so every tensor assertEqual) imports it on first use, which costs a
-# rank over a second; numpy because TestCase.setUp seeds it. Missing modules are skipped.
+# What every rank would otherwise import itself, once per test; numpy because TestCase.setUp
+# seeds it. Not torch.distributed.tensor (over a second): assert_close no longer imports it
+# (harness/compat/comparison.py), and test code that uses it brings it with its own imports.
+# Missing modules are skipped.
 _preload: List[str] = [
-    "torch", "torch.distributed", "torch.distributed.tensor", "numpy", "harness.testcase",
+    "torch", "torch.distributed", "numpy", "harness.testcase",
     "harness.process.rank",
 ]
 _test_modules: List[str] = []  # the test code, imported last (by harness.process.forkserver_main)
