@@ -290,9 +290,9 @@ class TestStrayLaunchVariables(unittest.TestCase):
 class TestRealSuite(unittest.TestCase):
     def test_suite_tests_under_torchrun(self) -> None:
         """Two FSDPTest tests: each initialises and destroys the default group in-process."""
-        proc = torchrun(
-            "test_fine_tune", "-k", "test_hooks_multi_traversal",
-            "-k", "test_parity_with_non_frozen_fsdp",
+        proc = torchrun(  # the suite's two quickest tests with grid points
+            "test_fully_shard_frozen", "-k", "test_train_mixed_requires_grad_across_groups",
+            "-k", "test_multi_forward_mixed_requires_grad",
         )
         self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
         self.assertEqual(last_line(proc.stdout), "2 passed, 0 failed, 0 skipped")
