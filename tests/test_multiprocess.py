@@ -29,6 +29,7 @@ from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import RankRecord, RecordSink, ReportingResult
 from harness.process import torchrun
 from harness.process.case import DistributedTestBase, MultiProcessTestCase
+from harness.process.supervisor import RankGroup
 from harness.skips import TEST_SKIPS, skip_if_no_gpu
 from tests import fault_cases
 from tests.fault_cases import FAULT_DIR_ENV
@@ -492,6 +493,45 @@ class TestTheCaseDescribesItsRun(unittest.TestCase):
         self.assertEqual(case.init_method, "file:///tmp/harness-x/rendezvous")
         self.assertEqual(case.processes, ["rank0", "rank1"])
         case.doCleanups()
+
+
+class ExitingRank:
+    """A rank process as spawn's Popen shows one that is exiting: its sentinel reads as
+    closed, but it can be reaped (its exit code known) only `delay_s` later."""
+
+    def __init__(self, exitcode: int, delay_s: float) -> None:
+        self.sentinel = -1
+        self._exitcode, self._reapable_at = exitcode, time.monotonic() + delay_s
+        self.exitcode: Optional[int] = None
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        wait_s = self._reapable_at - time.monotonic()
+        if timeout is not None and timeout < wait_s:
+            time.sleep(max(timeout, 0))
+            return
+        time.sleep(max(wait_s, 0))
+        self.exitcode = self._exitcode
+
+    def kill(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TestRankExit(unittest.TestCase):
+    def test_an_exiting_rank_is_reaped_before_its_exit_is_judged(self) -> None:
+        """A rank that exited with code 1 before it ran its test fails the test, even when its
+        exit code is known a moment after the supervisor saw it go (it once passed then)."""
+        group = RankGroup(world_size=1)
+        self.addCleanup(group.close)
+        group.processes = [ExitingRank(exitcode=1, delay_s=0.2)]
+        group._alive.add(0)
+        group._exited(0)
+        record = group.records[0]
+        self.assertEqual(record.exitcode, 1)
+        self.assertEqual(record.problems(), ["rank 0 exited with code 1"])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -45,6 +45,10 @@ from harness.process.rank import serve as rank_serve
 STACK_DUMP_WAIT_S = 1.0  # how long a rank gets to write its stack before it is killed
 COLLECTIVES_DUMP_WAIT_S = 1.0  # ... and the collectives it entered
 STREAM_INTERVAL_S = 0.1
+# How long reaping a rank that is exiting may take. A spawned rank's sentinel (a pipe) reads
+# as closed while the process is still exiting, before it can be reaped: not waiting then
+# left its exit code unknown, and a rank that never ran its test counted as passed.
+EXIT_REAP_WAIT_S = 5.0
 
 
 class RankGroup:
@@ -246,7 +250,7 @@ class RankGroup:
 
     def _exited(self, rank: int) -> None:
         process = self.processes[rank]
-        process.join(0)
+        process.join(EXIT_REAP_WAIT_S)
         self._alive.discard(rank)
         record = self.records[rank]
         record.exitcode = process.exitcode
@@ -282,7 +286,7 @@ class RankGroup:
         for rank in ranks:
             self._signal(rank, signal.SIGKILL)
         for rank in ranks:
-            self.processes[rank].join(5)
+            self.processes[rank].join(EXIT_REAP_WAIT_S)
             self._alive.discard(rank)
             self.records[rank].stopped = True
             self.records[rank].exitcode = self.processes[rank].exitcode
