@@ -47,10 +47,12 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
     launcher: List[str] = (
         [TORCHRUN] if TORCHRUN else [sys.executable, "-m", "torch.distributed.run"]
     )
-    return subprocess.run(
-        [*launcher, "--standalone", "--nproc-per-node", "2", "run_all.py", *args],
-        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600,
-    )
+    with tempfile.TemporaryDirectory() as tmp:  # torchrun's agent leaves its log folder there
+        return subprocess.run(
+            [*launcher, "--standalone", "--nproc-per-node", "2", "run_all.py", *args],
+            cwd=REPO, env=child_env({"TMPDIR": tmp}), capture_output=True, text=True,
+            timeout=600,
+        )
 
 
 @pytest.mark.slow
