@@ -28,6 +28,14 @@ def _without_dtensor_module() -> Any:
 class LazyDTensorCheckTest(unittest.TestCase):
     def test_installed_in_torchs_comparison(self) -> None:
         self.assertTrue(getattr(_comparison._unwrap_dtensor_for_comparison, "harness_lazy", False))
+        self.assertFalse(compat_comparison.assert_close_imports_dtensor())
+
+    def test_a_torch_without_that_check_is_assumed_to_import_dtensor(self) -> None:
+        """(then the forkserver preloads it, as before the check was replaced)"""
+        with mock.patch.object(_comparison, "_unwrap_dtensor_for_comparison", lambda a, e: (a, e)):
+            self.assertTrue(compat_comparison.assert_close_imports_dtensor())
+        with mock.patch.object(_comparison, "_unwrap_dtensor_for_comparison", None, create=True):
+            self.assertTrue(compat_comparison.assert_close_imports_dtensor())
 
     def test_assert_close_does_not_import_dtensor(self) -> None:
         patch = _without_dtensor_module()

@@ -39,6 +39,7 @@ from multiprocessing import spawn
 from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional
 
 from harness import devices
+from harness.compat.comparison import assert_close_imports_dtensor
 from harness.process import assert_rewrite
 
 MAIN_PATH_ENV = "HARNESS_FORKSERVER_MAIN"
@@ -58,8 +59,9 @@ MISSING_GUARD_EXIT_CODE = 2  # the run's exit code then: bad input
 FORKSERVER_EXIT_WAIT_S = 1.0  # after its socket closed, how long the forkserver may take to exit
 
 # What every rank would otherwise import itself, once per test; numpy because TestCase.setUp
-# seeds it. Not torch.distributed.tensor (over a second): assert_close no longer imports it
-# (harness/compat/comparison.py), and test code that uses it brings it with its own imports.
+# seeds it. torch.distributed.tensor (over a second) only where torch.testing.assert_close
+# (every tensor assertEqual) would import it in each rank: not with the check of
+# harness/compat/comparison.py; test code that uses DTensor brings it with its own imports.
 # Missing modules are skipped.
 _preload: List[str] = [
     "torch", "torch.distributed", "numpy", "harness.testcase",
@@ -84,7 +86,8 @@ def context(test_module: str) -> Any:
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
         preload(test_module)
-        ctx.set_forkserver_preload([*_preload, "harness.process.forkserver_main"])
+        dtensor = ["torch.distributed.tensor"] if assert_close_imports_dtensor() else []
+        ctx.set_forkserver_preload([*_preload, *dtensor, "harness.process.forkserver_main"])
         _ensure_running()
     return ctx
 
