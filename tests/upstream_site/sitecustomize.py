@@ -9,6 +9,12 @@ modules (nothing of the test process's memory), with the test process's current
 environment, working directory, sys.path and argv (multiprocessing sends those with every
 start). Upstream's code still asks for "spawn" and sees "spawn".
 
+The server is forked from the test process when unittest is about to run the tests (the test
+module and upstream's testing modules imported, no test or class fixture run yet: the state
+a fresh interpreter has after importing them, which is what the ranks need), instead of
+being started as an interpreter that imports them all again (torch.testing._internal costs
+about 5 CPU-s to import). Ranks forked from it re-import nothing.
+
 tests/differential.py (`upstream_env`) puts this folder on PYTHONPATH and sets
 HARNESS_TESTS_UPSTREAM_FORKSERVER=1 for the upstream side of a run; anywhere else this file
 is never imported, and without the variable it does nothing.
@@ -18,7 +24,11 @@ import os
 
 if os.environ.get("HARNESS_TESTS_UPSTREAM_FORKSERVER") == "1":
     import multiprocessing
-    from multiprocessing import context, spawn
+    import socket
+    import sys
+    import threading
+    import unittest
+    from multiprocessing import connection, context, forkserver, resource_tracker, spawn
 
     PRELOAD = [
         "__main__", "torch", "torch.distributed",
@@ -40,7 +50,43 @@ if os.environ.get("HARNESS_TESTS_UPSTREAM_FORKSERVER") == "1":
     class SpawnFromForkServer(context.ForkServerContext):
         _name = "spawn"
 
+    def fork_server() -> None:
+        """Start multiprocessing's forkserver as a fork of this process (what
+        ForkServer.ensure_running sets up, with os.fork instead of a new interpreter)."""
+        server = forkserver._forkserver
+        with server._lock:
+            if server._forkserver_pid is not None:
+                return
+            resource_tracker.ensure_running()
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()  # else the server and every rank would write it again
+            with socket.socket(socket.AF_UNIX) as listener:
+                address = connection.arbitrary_address("AF_UNIX")
+                listener.bind(address)
+                os.chmod(address, 0o600)
+                listener.listen()
+                alive_r, alive_w = os.pipe()
+                pid = os.fork()
+                if pid == 0:  # the server: serves until every client is gone, runs no exit hook
+                    try:
+                        os.close(alive_w)
+                        forkserver.main(listener.fileno(), alive_r, [])
+                    finally:
+                        os._exit(0)
+                os.close(alive_r)
+            server._forkserver_address = address
+            server._forkserver_alive_fd = alive_w
+            server._forkserver_pid = pid
+
+    run_tests = unittest.TestProgram.runTests
+
+    def run_tests_from_forked_server(self: unittest.TestProgram) -> None:
+        if threading.active_count() == 1:  # a fork with other threads could inherit a held lock
+            fork_server()
+        run_tests(self)
+
     spawn.get_preparation_data = get_preparation_data_with_environ
     spawn.prepare = prepare_with_environ
     multiprocessing.set_forkserver_preload(PRELOAD)
     context._concrete_contexts["spawn"] = SpawnFromForkServer()
+    unittest.TestProgram.runTests = run_tests_from_forked_server  # type: ignore[method-assign]
