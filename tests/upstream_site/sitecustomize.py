@@ -4,16 +4,16 @@ that has imported torch and upstream's testing modules, instead of `spawn`.
 Upstream's MultiProcessTestCase spawns a fresh interpreter for every rank of every test, and
 each imports torch and torch.testing._internal (about 5 s of CPU a rank on the 2-core CI
 machine): that was most of the time the harness's own tests took. A rank forked from the
-preloaded server starts as a spawned one does: from a fresh interpreter that only imported
-modules (nothing of the test process's memory), with the test process's current
+server starts as a spawned one does: with the modules a spawned rank imports already
+imported and nothing a test or class fixture did, and with the test process's current
 environment, working directory, sys.path and argv (multiprocessing sends those with every
 start). Upstream's code still asks for "spawn" and sees "spawn".
 
 The server is forked from the test process when unittest is about to run the tests (the test
-module and upstream's testing modules imported, no test or class fixture run yet: the state
-a fresh interpreter has after importing them, which is what the ranks need), instead of
-being started as an interpreter that imports them all again (torch.testing._internal costs
-about 5 CPU-s to import). Ranks forked from it re-import nothing.
+module and upstream's testing modules imported, no test or class fixture run yet), instead
+of being started as an interpreter that imports them all again (torch.testing._internal
+costs about 5 CPU-s to import); when other threads run then, a fork could inherit a lock
+held by one of them, and the server starts as an interpreter that imports PRELOAD instead.
 
 tests/differential.py (`upstream_env`) puts this folder on PYTHONPATH and sets
 HARNESS_TESTS_UPSTREAM_FORKSERVER=1 for the upstream side of a run; anywhere else this file
