@@ -86,14 +86,14 @@ def _unwrap_dtensors_once_loaded(unwrap: Any) -> Any:
     return unwrap_if_loaded
 
 
-_original_unwrap = getattr(_comparison, "_unwrap_dtensor_for_comparison", None)
-if _original_unwrap is not None and not getattr(_original_unwrap, "harness_lazy", False):
-    _comparison._unwrap_dtensor_for_comparison = _unwrap_dtensors_once_loaded(_original_unwrap)
-
-
 def assert_close_imports_dtensor() -> bool:
     """Whether torch.testing.assert_close may still import torch.distributed.tensor by itself
-    (a torch whose check is not the one replaced above): processes that compare tensors had
+    (a torch whose check is not the one replaced below): processes that compare tensors had
     better import it once, up front, then."""
     unwrap = getattr(_comparison, "_unwrap_dtensor_for_comparison", None)
     return not getattr(unwrap, "harness_lazy", False)
+
+
+_original_unwrap = getattr(_comparison, "_unwrap_dtensor_for_comparison", None)
+if _original_unwrap is not None and assert_close_imports_dtensor():
+    _comparison._unwrap_dtensor_for_comparison = _unwrap_dtensors_once_loaded(_original_unwrap)

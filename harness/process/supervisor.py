@@ -364,7 +364,7 @@ class RankGroup:
                 if process.exitcode is None:
                     process.kill()
             for process in self.processes:
-                process.join(5)
+                process.join(EXIT_REAP_WAIT_S)
                 if process.exitcode is not None:
                     process.close()
             for pipe in [*self._readers.values(), *self._tasks.values()]:
