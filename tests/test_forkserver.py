@@ -8,6 +8,7 @@ TMPDIR, because the forkserver and resource tracker are per process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,10 +19,12 @@ import textwrap
 import time
 import unittest
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
+from unittest import mock
 
 import pytest
 
+from harness.process import forkserver
 from tests.fixtures import child_env
 
 WAIT_S = 240.0
@@ -37,7 +40,10 @@ from harness.process import forkserver
 
 
 def start_forkserver():
-    """Start the forkserver as a multi-process test does; check that it forks a child."""
+    """Start the forkserver as a multi-process test does (as a runner does before its first
+    test, with START_AS_FORK=1); check that it forks a child."""
+    if os.environ.get("START_AS_FORK") == "1":
+        assert forkserver.start_as_fork([]), "not started as a fork"
     ctx = forkserver.context("harness.process.rank")
     child = ctx.Process(target=os.getpid)
     child.start()
@@ -136,6 +142,10 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.slow
 class ForkserverLifetime(unittest.TestCase):
+    """The forkserver started as an interpreter (`python -m unittest`, pytest)."""
+
+    env: Dict[str, str] = {}
+
     def setUp(self) -> None:
         self.tmp = self.temp_dir()
         self.scripts = self.temp_dir()
@@ -149,7 +159,7 @@ class ForkserverLifetime(unittest.TestCase):
         script = self.scripts / "script.py"
         script.write_text(textwrap.dedent(source))
         proc = subprocess.Popen(
-            [sys.executable, str(script)], env=child_env({"TMPDIR": str(self.tmp)}),
+            [sys.executable, str(script)], env=child_env({"TMPDIR": str(self.tmp), **self.env}),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True,
         )
@@ -213,6 +223,124 @@ class ForkserverLifetime(unittest.TestCase):
                 self.assertEqual([pid for pid in pids if alive(pid)], [])
                 self.assertEqual(list(self.tmp.iterdir()), [])
             time.sleep(0.05)
+
+
+class ForkedForkserverLifetime(ForkserverLifetime):
+    """The forkserver a runner starts as a fork of itself (`start_as_fork`): the same life."""
+
+    env = {"START_AS_FORK": "1"}
+
+    def test_forkserver_checks_cuda_through_nvml_so_its_forks_can_use_cuda(self) -> None:
+        self.skipTest("started as a fork only where torch has no accelerator runtime built in")
+
+
+WHERE_RANKS_COME_FROM = """
+import json
+import os
+import sys
+import threading
+
+from harness import MultiProcessTestCase, run_tests
+
+SEEN_IN_RUNNER = []  # filled before the runs: empty in a fresh import of this file
+
+
+class TestWhereRanksComeFrom(MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_report(self):
+        with open(f"/proc/{os.getppid()}/cmdline") as f:  # the forkserver's
+            server = f.read().rstrip("\\0").split("\\0")
+        if self.rank == 0:
+            with open(os.environ["REPORT"], "a") as f:
+                f.write(json.dumps({"server": server, "seen": SEEN_IN_RUNNER}) + "\\n")
+
+
+if __name__ == "__main__":
+    SEEN_IN_RUNNER.append("runner")
+    for other_thread in (False, True):
+        if other_thread:
+            threading.Thread(target=threading.Event().wait, daemon=True).start()
+        try:
+            run_tests([sys.argv[0]])
+        except SystemExit as end:
+            assert end.code == 0, end.code
+"""
+
+
+@pytest.mark.slow
+class RunnerStartsItsForkserverAsAFork(unittest.TestCase):
+    def test_forked_when_alone_started_when_another_thread_runs(self) -> None:
+        """`python FILE`: its first run forks the forkserver from the runner (no interpreter
+        importing torch again); the second, with a thread running, starts one. Either way the
+        ranks run a fresh import of the script, not the runner's module."""
+        with tempfile.TemporaryDirectory() as folder:
+            script, report = Path(folder, "where_ranks.py"), Path(folder, "report.jsonl")
+            script.write_text(WHERE_RANKS_COME_FROM)
+            proc = subprocess.run(
+                [sys.executable, str(script)], env=child_env({"REPORT": str(report)}),
+                capture_output=True, text=True, timeout=WAIT_S,
+            )
+            self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+            forked, started = [json.loads(line) for line in report.read_text().splitlines()]
+        self.assertEqual(forked["server"][1:], [str(script)])
+        self.assertIn("from multiprocessing.forkserver import main", " ".join(started["server"]))
+        self.assertEqual([forked["seen"], started["seen"]], [[], []])
+
+
+class StartAsForkConditions(unittest.TestCase):
+    """When `start_as_fork` forks (fork_forkserver stubbed: nothing is started here)."""
+
+    def setUp(self) -> None:
+        self.forks_made: List[Any] = []
+        safe = [
+            (forkserver.forked_server, "fork_forkserver", self.forks_made.append),
+            (forkserver, "helper_pids", dict),
+            (forkserver.threading, "active_count", lambda: 1),
+            (forkserver, "_native_threads", lambda: forkserver._THREADS_AT_IMPORT),
+            (forkserver, "_accelerator_built", lambda: False),
+            (forkserver.devices, "start_method", lambda: "forkserver"),
+        ]
+        for target, name, value in safe:
+            patcher = mock.patch.object(target, name, value)
+            patcher.start()
+            self.addCleanup(patcher.stop)
+
+    def forks(self, *patch: Any, modules: Tuple[str, ...] = ()) -> bool:
+        """Whether start_as_fork(modules) forks, with `patch` (target, name, value) applied."""
+        with mock.patch.object(*patch) if patch else contextlib.nullcontext():
+            forkserver.start_as_fork(modules)
+        return bool(self.forks_made)
+
+    def test_forks_when_safe(self) -> None:
+        self.assertTrue(self.forks())
+
+    def test_not_with_another_python_thread(self) -> None:
+        self.assertFalse(self.forks(forkserver.threading, "active_count", lambda: 2))
+
+    def test_not_with_a_native_thread_started_since_torch_was_imported(self) -> None:
+        """Say OpenMP's pool, after a parallel op: a forked child hangs in its next one."""
+        grown = forkserver._THREADS_AT_IMPORT | {"123456"}
+        self.assertFalse(self.forks(forkserver, "_native_threads", lambda: grown))
+
+    def test_not_with_an_accelerator_runtime_built_in(self) -> None:
+        self.assertFalse(self.forks(forkserver, "_accelerator_built", lambda: True))
+
+    def test_not_when_a_forkserver_runs(self) -> None:
+        self.assertFalse(self.forks(forkserver, "helper_pids", lambda: {"forkserver": 1}))
+
+    def test_not_when_ranks_are_spawned(self) -> None:
+        self.assertFalse(self.forks(forkserver.devices, "start_method", lambda: "spawn"))
+
+    def test_not_when_a_test_module_failed_to_import(self) -> None:
+        self.addCleanup(forkserver._test_modules.remove, "tests.no_such_module")
+        self.assertFalse(self.forks(modules=("tests.no_such_module",)))
 
 
 # A user's first try: tests and the call that runs them, without `if __name__ == "__main__":`.

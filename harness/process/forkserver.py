@@ -3,7 +3,10 @@
 A rank forked from it starts in milliseconds; a spawned interpreter (the fallback,
 HARNESS_START_METHOD=spawn) spends seconds importing torch. The forkserver is started once
 per test process, with `_preload` imported; modules added by `preload()` after that are
-imported by each rank itself.
+imported by each rank itself. A runner (run_all.py, `run_tests()`) starts it before its
+first test as a fork of itself where that is safe (`start_as_fork`), sparing the import of
+torch and the test code a started one spends; elsewhere (`python -m unittest`, pytest) it
+is started as an interpreter when the first ranks start.
 
 Python's forkserver is meant to preload the script that runs as `__main__` too, but up to
 at least Python 3.12 the script's path never reaches it, so every rank would import the
@@ -34,13 +37,17 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
+import types
 from multiprocessing import spawn
-from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, NoReturn, Optional
+
+import torch
 
 from harness import devices
 from harness.compat.comparison import assert_close_imports_dtensor
-from harness.process import assert_rewrite
+from harness.process import assert_rewrite, forked_server
 
 MAIN_PATH_ENV = "HARNESS_FORKSERVER_MAIN"
 MODULES_ENV = "HARNESS_FORKSERVER_MODULES"
@@ -68,6 +75,19 @@ _preload: List[str] = [
     "harness.process.rank",
 ]
 _test_modules: List[str] = []  # the test code, imported last (by harness.process.forkserver_main)
+
+
+def _native_threads() -> FrozenSet[str]:
+    """This process's threads as the kernel lists them (Python's and native ones)."""
+    try:
+        return frozenset(os.listdir("/proc/self/task"))
+    except OSError:  # no /proc: never counted as safe to fork
+        return frozenset(["unknown"])
+
+
+# Threads running once torch is imported (numpy's BLAS pool, which forks safely). One started
+# later may be OpenMP's pool, after which a forked child hangs in its first parallel region.
+_THREADS_AT_IMPORT = _native_threads()
 
 
 def preload(*modules: str) -> None:
@@ -144,6 +164,61 @@ def _ensure_running() -> None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def start_as_fork(modules: Iterable[str]) -> bool:
+    """Start the forkserver now as a fork of this process, when that is safe; returns whether
+    it did (else it starts as before, an interpreter importing torch and the test code
+    again, when the first ranks start).
+
+    A runner calls this once its tests are loaded and before it runs any: the fork then
+    holds what a started forkserver imports (`_preload`, the test `modules`; the script is
+    imported afresh in it) and nothing a test or fixture did, and the run spares an import
+    of torch. Safe means: no other thread runs here (a fork could inherit a held lock, or
+    OpenMP's pool, which hangs a forked child in its first parallel region), and torch has
+    no accelerator runtime built in (one initialised here would fail in every fork).
+    """
+    if (
+        devices.start_method() != "forkserver" or "forkserver" in helper_pids()
+        or not forked_server.supported() or _accelerator_built()
+    ):
+        return False
+    preload(*modules)
+    dtensor = ["torch.distributed.tensor"] if assert_close_imports_dtensor() else []
+    for name in [*_preload, *dtensor]:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    if any(name not in sys.modules for name in _test_modules):
+        return False  # one that failed to import: the ranks import it and report the error
+    if threading.active_count() != 1 or not _native_threads() <= _THREADS_AT_IMPORT:
+        return False
+    runner = os.getpid()
+    return forked_server.fork_forkserver(lambda listener, alive: _serve(listener, alive, runner))
+
+
+def _accelerator_built() -> bool:
+    version = torch.version
+    return any(getattr(version, name, None) is not None for name in ("cuda", "hip", "xpu"))
+
+
+def _serve(listener_fd: int, alive_r: int, runner: int) -> None:
+    """The forked forkserver: the signal handling and the `__main__` a started one has (not
+    the runner's handlers, nor the script's module as the runner left it), then
+    multiprocessing's loop, then the exit a started one has (clean_up_when_orphaned)."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # what the ranks start with
+    for signum in GROUP_SIGNALS:
+        signal.signal(signum, _outlive_group_signal)
+    multiprocessing.util.register_after_fork(_RANK_HOOK, _default_group_signals)
+    os.environ[RUNNER_ENV] = str(runner)  # for check_not_bootstrapping while it imports
+    script = _main_script()
+    if script is not None:
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        _import_test_code(spawn.import_main_path, script)
+    try:
+        multiprocessing.forkserver.main(listener_fd, alive_r, [])
+    finally:
+        _forkserver_exit(os.getpid(), runner)
 
 
 def load_test_code_in_forkserver() -> None:

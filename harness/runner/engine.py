@@ -115,13 +115,17 @@ class Engine:
             self.xml_reports.append((place, stand_in, record))
             self.junit_now.report_done(stand_in, record)  # on disk, should the run be killed
 
-    def _preload_suites(self) -> None:
+    def _preload_suites(self, serial: bool) -> None:
         """Have the forkserver import every suite of the plan when it starts, so each rank
-        forks with its suite imported instead of importing it per test. Not under torchrun
-        (no rank is forked) nor with spawn. Suites that failed to import are left out:
-        multiprocessing's forkserver survives only an ImportError from a preloaded module."""
+        forks with its suite imported instead of importing it per test; a serial run starts
+        it now, as a fork of this process where that is safe. Not under torchrun (no rank is
+        forked) nor with spawn. Suites that failed to import are left out: multiprocessing's
+        forkserver survives only an ImportError from a preloaded module."""
         if self.torchrun is None and devices.start_method() == "forkserver":
-            forkserver.preload(*(module for module, _ in self.plan if module in sys.modules))
+            suites = [module for module, _ in self.plan if module in sys.modules]
+            forkserver.preload(*suites)
+            if serial:
+                forkserver.start_as_fork(suites)
 
     def _side_by_side(self) -> Optional[parallel.Controller]:
         """-j's controller, when its pool has two workers or more (not under torchrun, whose
@@ -144,10 +148,10 @@ class Engine:
     def run(self) -> int:
         """0 when nothing failed, 1 when something failed, 130/143/129 when interrupted (Ctrl-C,
         SIGTERM, SIGHUP); what ran before an interruption is still reported."""
-        self._preload_suites()
+        side_by_side = self._side_by_side()
+        self._preload_suites(serial=side_by_side is None)
         self.progress.begin(len(self.plan))
         began = time.monotonic()
-        side_by_side = self._side_by_side()
         try:
             if side_by_side is not None:
                 side_by_side.run()

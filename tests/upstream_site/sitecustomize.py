@@ -24,11 +24,11 @@ import os
 
 if os.environ.get("HARNESS_TESTS_UPSTREAM_FORKSERVER") == "1":
     import multiprocessing
-    import socket
-    import sys
     import threading
     import unittest
-    from multiprocessing import connection, context, forkserver, resource_tracker, spawn
+    from multiprocessing import context, forkserver, spawn
+
+    from harness.process import forked_server
 
     PRELOAD = [
         "__main__", "torch", "torch.distributed",
@@ -50,39 +50,14 @@ if os.environ.get("HARNESS_TESTS_UPSTREAM_FORKSERVER") == "1":
     class SpawnFromForkServer(context.ForkServerContext):
         _name = "spawn"
 
-    def fork_server() -> None:
-        """Start multiprocessing's forkserver as a fork of this process (what
-        ForkServer.ensure_running sets up, with os.fork instead of a new interpreter)."""
-        server = forkserver._forkserver
-        with server._lock:
-            if server._forkserver_pid is not None:
-                return
-            resource_tracker.ensure_running()
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()  # else the server and every rank would write it again
-            with socket.socket(socket.AF_UNIX) as listener:
-                address = connection.arbitrary_address("AF_UNIX")
-                listener.bind(address)
-                os.chmod(address, 0o600)
-                listener.listen()
-                alive_r, alive_w = os.pipe()
-                pid = os.fork()
-                if pid == 0:  # the server: serves until every client is gone, runs no exit hook
-                    try:
-                        os.close(alive_w)
-                        forkserver.main(listener.fileno(), alive_r, [])
-                    finally:
-                        os._exit(0)
-                os.close(alive_r)
-            server._forkserver_address = address
-            server._forkserver_alive_fd = alive_w
-            server._forkserver_pid = pid
+    def serve(listener_fd: int, alive_r: int) -> None:
+        forkserver.main(listener_fd, alive_r, [])
 
     run_tests = unittest.TestProgram.runTests
 
     def run_tests_from_forked_server(self: unittest.TestProgram) -> None:
-        if threading.active_count() == 1:  # a fork with other threads could inherit a held lock
-            fork_server()
+        if threading.active_count() == 1 and forked_server.supported():
+            forked_server.fork_forkserver(serve)  # with other threads: could inherit a held lock
         run_tests(self)
 
     spawn.get_preparation_data = get_preparation_data_with_environ
