@@ -56,45 +56,52 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-class TestTorchrunPassing(unittest.TestCase):
+class TestTorchrunRun(unittest.TestCase):
+    """One torchrun run of the fixture's passing, failing and skipping classes (one run, as
+    each costs three interpreters importing torch); each test reads its part."""
+
     @classmethod
     def setUpClass(cls) -> None:
         cls.tmp = tempfile.TemporaryDirectory()
         cls.proc = torchrun(
-            RANKS, "-k", "TestRanks", "-k", "TestContinuousRanks", "--save-xml", cls.tmp.name
+            RANKS, "-k", "TestRanks", "-k", "TestContinuousRanks", "-k", "TestRankFailure",
+            "-k", "TestWorldSize", "--save-xml", cls.tmp.name,
         )
 
     @classmethod
     def tearDownClass(cls) -> None:
         cls.tmp.cleanup()
 
+    def cases(self, cls: str) -> Dict[str, ET.Element]:
+        report = Path(self.tmp.name, f"TEST-{RANKS}.{cls}.xml")
+        return {case.get("name"): case for case in ET.parse(report).getroot().iter("testcase")}
+
     def test_every_test_passes_with_a_fresh_group_each(self) -> None:
-        self.assertEqual(self.proc.returncode, 0, self.proc.stdout + self.proc.stderr)
         # 3 tests all-reduce in their own default group; the 4th skips on the last rank only;
         # the 2 tests of the shared-process class each get a class group of their own.
-        self.assertEqual(last_line(self.proc.stdout), "5 passed, 0 failed, 1 skipped")
+        self.assertEqual(last_line(self.proc.stdout), "5 passed, 2 failed, 2 skipped",
+                         self.proc.stdout + self.proc.stderr)
+        for cls in ("TestRanks", "TestContinuousRanks"):
+            for name, case in self.cases(cls).items():
+                with self.subTest(test=f"{cls}.{name}"):
+                    outcome = [c.tag for c in case if c.tag in ("failure", "error", "skipped")]
+                    expected = ["skipped"] if name == "test_skips_on_last_rank" else []
+                    self.assertEqual(outcome, expected)
 
     def test_rank_0_alone_reports(self) -> None:
-        self.assertEqual(self.proc.stdout.count("5 passed, 0 failed, 1 skipped"), 1)
+        self.assertEqual(self.proc.stdout.count("5 passed, 2 failed, 2 skipped"), 1)
         row = next(line for line in self.proc.stdout.splitlines() if line.startswith(RANKS))
-        self.assertEqual(row.split()[1:5], ["5", "0", "1", "3"])  # 3 grid points
+        self.assertEqual(row.split()[1:5], ["5", "2", "2", "6"])  # 6 grid points
 
     def test_junit_xml_written_once(self) -> None:
-        report = Path(self.tmp.name, f"TEST-{RANKS}.TestRanks.xml")
-        cases = [case.get("name") for case in ET.parse(report).getroot().iter("testcase")]
         self.assertEqual(
-            cases,
+            list(self.cases("TestRanks")),
             ["test_all_reduce", "test_all_reduce_again", "test_grid", "test_skips_on_last_rank"],
         )
 
-
-@pytest.mark.slow
-class TestTorchrunFailures(unittest.TestCase):
     def test_failure_on_one_rank_fails_the_test(self) -> None:
-        proc = torchrun(RANKS, "-k", "TestRankFailure")
-        self.assertNotEqual(proc.returncode, 0)
-        self.assertEqual(last_line(proc.stdout), "0 passed, 2 failed, 0 skipped")
-        report = proc.stdout
+        self.assertEqual(self.proc.returncode, 1)
+        report = self.proc.stdout
         self.assertIn(f"FAIL: {RANKS}.TestRankFailure.test_fails_on_rank_1", report)
         self.assertIn("rank 1 raised:", report)
         self.assertNotIn("rank 0 raised", report)
@@ -103,6 +110,14 @@ class TestTorchrunFailures(unittest.TestCase):
         self.assertIn("rank 1 failed this grid point", report)
         self.assertNotIn("(point=1)", report)
 
+    def test_a_world_size_other_than_the_launched_one_skips(self) -> None:
+        skipped = self.cases("TestWorldSize")["test_needs_three_ranks"].find("skipped")
+        self.assertEqual(skipped.get("message"),
+                         "needs world size 3, torchrun launched 2 processes")
+
+
+@pytest.mark.slow
+class TestTorchrunFailures(unittest.TestCase):
     def test_failfast_stops_every_rank_at_the_same_test(self) -> None:
         proc = torchrun(RANKS, "-k", "TestRankFailure", "-x")
         self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
@@ -128,16 +143,6 @@ class TestTorchrunFailures(unittest.TestCase):
         self.assertIn("in test_fails_on_rank_0\n    time.sleep(60)", proc.stdout)
         self.assertNotIn("timed out", proc.stdout)
         self.assertNotIn("out of step", proc.stdout)
-
-    def test_a_world_size_other_than_the_launched_one_skips(self) -> None:
-        with tempfile.TemporaryDirectory() as folder:
-            proc = torchrun(RANKS, "-k", "TestWorldSize", "--save-xml", folder)
-            report = Path(folder, f"TEST-{RANKS}.TestWorldSize.xml")
-            skipped = ET.parse(report).getroot().find("testcase/skipped")
-        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-        self.assertEqual(last_line(proc.stdout), "0 passed, 0 failed, 1 skipped")
-        self.assertEqual(skipped.get("message"),
-                         "needs world size 3, torchrun launched 2 processes")
 
 
 def free_port() -> int:
