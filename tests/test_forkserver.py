@@ -293,6 +293,19 @@ class RunnerStartsItsForkserverAsAFork(unittest.TestCase):
         self.assertIn("from multiprocessing.forkserver import main", " ".join(started["server"]))
         self.assertEqual([forked["seen"], started["seen"]], [[], []])
 
+    def test_forked_under_python_m_unittest(self) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            Path(folder, "where_ranks.py").write_text(WHERE_RANKS_COME_FROM)
+            report = Path(folder, "report.jsonl")
+            proc = subprocess.run(
+                [sys.executable, "-m", "unittest", "where_ranks"], cwd=folder,
+                env=child_env({"REPORT": str(report)}), capture_output=True, text=True,
+                timeout=WAIT_S,
+            )
+            self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+            (forked,) = [json.loads(line) for line in report.read_text().splitlines()]
+        self.assertEqual(forked["server"][1:], ["-m", "unittest", "where_ranks"])
+
 
 class StartAsForkConditions(unittest.TestCase):
     """When `start_as_fork` forks (fork_forkserver stubbed: nothing is started here)."""

@@ -26,6 +26,7 @@ from harness.outcome.fold import with_own_problem
 from harness.outcome.merge import decide
 from harness.outcome.rank_record import RankRecord, raised_in_rank
 from harness.outcome.report import FAILED, PASSED, Outcome
+from harness.process import forkserver
 from harness.process.launchers import FreshProcesses, process_launcher
 from harness.skip_codes import TEST_SKIPS
 from harness.world_size import BaseWorldSize, world_size_of
@@ -283,3 +284,7 @@ def _restore_env(name: str, value: Optional[str]) -> None:
         os.environ.pop(name, None)
     else:
         os.environ[name] = value
+
+
+# `python -m unittest`: its forkserver, too, starts as a fork of the runner where it can.
+forkserver.start_as_fork_under_unittest_main()

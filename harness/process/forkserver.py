@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 import types
+import unittest
 from multiprocessing import spawn
 from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, NoReturn, Optional
 
@@ -194,6 +195,36 @@ def start_as_fork(modules: Iterable[str]) -> bool:
         return False
     runner = os.getpid()
     return forked_server.fork_forkserver(lambda listener, alive: _serve(listener, alive, runner))
+
+
+def start_as_fork_under_unittest_main() -> None:
+    """Under `python -m unittest`, have its command line call `start_as_fork` once it has
+    loaded the tests and before it runs any, as run_tests() and run_all.py do themselves.
+    Only there: the program that `python -m unittest` made (not one a module makes while
+    imported, whose tests would then run in a forkserver holding that module half-imported)."""
+    main = sys.modules.get("__main__")
+    program = unittest.TestProgram
+    if getattr(getattr(main, "__spec__", None), "name", None) != "unittest.__main__" or (
+        getattr(program.runTests, "starts_forkserver", False)
+    ):
+        return
+    run_tests = program.runTests
+
+    def run_tests_from_a_forked_forkserver(self: unittest.TestProgram) -> None:
+        if self.module is None:  # loaded by name from the command line
+            start_as_fork({type(test).__module__ for test in _tests_of(self.test)})
+        run_tests(self)
+
+    run_tests_from_a_forked_forkserver.starts_forkserver = True  # type: ignore[attr-defined]
+    program.runTests = run_tests_from_a_forked_forkserver  # type: ignore[method-assign]
+
+
+def _tests_of(suite: Any) -> Iterator[unittest.TestCase]:
+    if isinstance(suite, unittest.TestSuite):
+        for item in suite:
+            yield from _tests_of(item)
+    else:
+        yield suite
 
 
 def _accelerator_built() -> bool:
