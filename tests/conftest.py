@@ -5,6 +5,9 @@
 such start imports torch afresh, which is what makes the full run take minutes. The inner
 loop is `python -m pytest -m "not slow" tests`; CI runs everything.
 
+Plain `python ...` starts fork from a zygote that has imported torch (tests/zygote.py: why,
+and which runs still start an interpreter).
+
 With HARNESS_REPORT_SPAWNS set, the run ends listing the tests without the mark that started
 a process, so a new test that should be `slow` is found by running the fast tier;
 HARNESS_REPORT_SPAWNS=refuse also fails such a test at its first start instead of letting the
@@ -22,8 +25,13 @@ from typing import Any, Iterator, List
 
 import pytest
 
+from tests import zygote
+
 _current: list[str] = []
 _unmarked_spawners: dict[str, str] = {}
+
+
+zygote.install()  # plain `python ...` runs fork from a zygote that imported torch (tests/zygote.py)
 
 
 def pytest_configure(config: pytest.Config) -> None:

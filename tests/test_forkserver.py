@@ -25,6 +25,7 @@ from unittest import mock
 import pytest
 
 from harness.process import forkserver
+from tests import zygote
 from tests.fixtures import child_env
 
 WAIT_S = 240.0
@@ -284,7 +285,8 @@ class RunnerStartsItsForkserverAsAFork(unittest.TestCase):
             script, report = Path(folder, "where_ranks.py"), Path(folder, "report.jsonl")
             script.write_text(WHERE_RANKS_COME_FROM)
             proc = subprocess.run(
-                [sys.executable, str(script)], env=child_env({"REPORT": str(report)}),
+                [sys.executable, str(script)],
+                env=child_env({"REPORT": str(report), **zygote.FRESH_INTERPRETER}),
                 capture_output=True, text=True, timeout=WAIT_S,
             )
             self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
@@ -299,7 +301,8 @@ class RunnerStartsItsForkserverAsAFork(unittest.TestCase):
             report = Path(folder, "report.jsonl")
             proc = subprocess.run(
                 [sys.executable, "-m", "unittest", "where_ranks"], cwd=folder,
-                env=child_env({"REPORT": str(report)}), capture_output=True, text=True,
+                env=child_env({"REPORT": str(report), **zygote.FRESH_INTERPRETER}),
+                capture_output=True, text=True,
                 timeout=WAIT_S,
             )
             self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)

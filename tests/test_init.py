@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import harness
+from tests import zygote
 from tests.fixtures import REPO, child_env
 
 CONTRACT_NAMES = [
@@ -110,7 +111,8 @@ class LazyNamesTest(unittest.TestCase):
             "from harness import TestCase\n"
             "print('torch' in sys.modules, TestCase.__module__)\n"
         )
-        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=child_env(),
+        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO,
+                              env=child_env(zygote.FRESH_INTERPRETER),
                               capture_output=True, text=True, timeout=300)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(proc.stdout.split(), ["False", "True", "harness.testcase"])
