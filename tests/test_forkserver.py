@@ -237,6 +237,7 @@ class ForkedForkserverLifetime(ForkserverLifetime):
 
 WHERE_RANKS_COME_FROM = """
 import json
+import multiprocessing.forkserver
 import os
 import sys
 import threading
@@ -258,9 +259,12 @@ class TestWhereRanksComeFrom(MultiProcessTestCase):
     def test_report(self):
         with open(f"/proc/{os.getppid()}/cmdline") as f:  # the forkserver's
             server = f.read().rstrip("\\0").split("\\0")
+        # a rank may start a forkserver of its own: the lock guarding that must be free
+        free = not multiprocessing.forkserver._forkserver._lock.locked()
         if self.rank == 0:
             with open(os.environ["REPORT"], "a") as f:
-                f.write(json.dumps({"server": server, "seen": SEEN_IN_RUNNER}) + "\\n")
+                f.write(json.dumps({"server": server, "seen": SEEN_IN_RUNNER, "free": free})
+                        + "\\n")
 
 
 if __name__ == "__main__":
@@ -294,6 +298,7 @@ class RunnerStartsItsForkserverAsAFork(unittest.TestCase):
         self.assertEqual(forked["server"][1:], [str(script)])
         self.assertIn("from multiprocessing.forkserver import main", " ".join(started["server"]))
         self.assertEqual([forked["seen"], started["seen"]], [[], []])
+        self.assertEqual([forked["free"], started["free"]], [True, True])
 
     def test_forked_under_python_m_unittest(self) -> None:
         with tempfile.TemporaryDirectory() as folder:

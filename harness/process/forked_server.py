@@ -18,6 +18,7 @@ import multiprocessing.resource_tracker
 import os
 import socket
 import sys
+import threading
 from multiprocessing import connection
 from typing import Callable
 
@@ -50,6 +51,7 @@ def fork_forkserver(serve: Callable[[int, int], None]) -> bool:
             pid = os.fork()
             if pid == 0:
                 try:
+                    server._lock = threading.Lock()  # held in the parent when it forked
                     os.close(alive_w)
                     serve(listener.fileno(), alive_r)
                 finally:
