@@ -3,9 +3,9 @@
 A rank forked from it starts in milliseconds; a spawned interpreter (the fallback,
 HARNESS_START_METHOD=spawn) spends seconds importing torch. The forkserver is started once
 per test process, with `_preload` imported; modules added by `preload()` after that are
-imported by each rank itself. A runner (run_all.py, `run_tests()`) starts it before its
-first test as a fork of itself where that is safe (`start_as_fork`), sparing the import of
-torch and the test code a started one spends; elsewhere (`python -m unittest`, pytest) it
+imported by each rank itself. A runner (run_all.py, `run_tests()`, `python -m unittest`)
+starts it before its first test as a fork of itself where that is safe (`start_as_fork`),
+sparing the import of torch and the test code a started one spends; elsewhere (pytest) it
 is started as an interpreter when the first ranks start.
 
 Python's forkserver is meant to preload the script that runs as `__main__` too, but up to
