@@ -91,6 +91,12 @@ def _native_threads() -> FrozenSet[str]:
 _THREADS_AT_IMPORT = _native_threads()
 
 
+def _server_preload() -> List[str]:
+    """What a forkserver imports before the test code, started or forked."""
+    dtensor = ["torch.distributed.tensor"] if assert_close_imports_dtensor() else []
+    return [*_preload, *dtensor]
+
+
 def preload(*modules: str) -> None:
     """Import these modules in the forkserver too, so ranks do not import them per test.
 
@@ -107,8 +113,7 @@ def context(test_module: str) -> Any:
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
         preload(test_module)
-        dtensor = ["torch.distributed.tensor"] if assert_close_imports_dtensor() else []
-        ctx.set_forkserver_preload([*_preload, *dtensor, "harness.process.forkserver_main"])
+        ctx.set_forkserver_preload([*_server_preload(), "harness.process.forkserver_main"])
         _ensure_running()
     return ctx
 
@@ -185,8 +190,7 @@ def start_as_fork(modules: Iterable[str]) -> bool:
     ):
         return False
     preload(*modules)
-    dtensor = ["torch.distributed.tensor"] if assert_close_imports_dtensor() else []
-    for name in [*_preload, *dtensor]:
+    for name in _server_preload():
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     if any(name not in sys.modules for name in _test_modules):

@@ -113,7 +113,7 @@ class _Program(unittest.TestProgram):
             self.testRunner = unittest.TextTestRunner(
                 resultclass=_tallied(unittest.TextTestResult), **settings  # type: ignore[arg-type]
             )
-        forkserver.start_as_fork({type(test).__module__ for test in flatten(self.test)})
+        forkserver.start_as_fork({type(test).__module__ for test in tests})
         tests = _UntilInterrupted(self.test)
         self.test = tests
         super().runTests()
