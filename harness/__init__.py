@@ -42,6 +42,12 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
     "harness.grad_checks": (
         "_assertGradAndGradgradChecks", "dtype2prec_DONTUSE", "gradcheck", "gradgradcheck",
     ),
+    "harness.pytest_plugin.fixtures": (
+        "rank_fixture",
+    ),
+    "harness.pytest_plugin.deepspeed": (
+        "DistributedTest",
+    ),
     "harness.kit.two_tensor": (
         "TwoTensor",
     ),

@@ -132,6 +132,11 @@ class RankedTestCase(TestCase):
             raise
         self.describe_run(setup)
 
+    def rank_inputs(self) -> Any:
+        """What every rank gets with the test (`RankContext.inputs`), picklable; None for a
+        test class, whose ranks re-create everything from the class and method name."""
+        return None
+
     def describe_run(self, setup: RankSetup) -> None:
         """In the supervisor, once the ranks started: show what the launcher set up as the
         attributes upstream's bases have (process cases: `file_name`, `processes`)."""

@@ -25,7 +25,9 @@ class RankContext:
 
     `grid_sync(params, passed)` is called after every grid point and returns False when the
     ranks cannot stay in step (the rest of the grid is then abandoned); `init_method` and
-    `file_name` are the test's rendezvous ("" where the mode has none).
+    `file_name` are the test's rendezvous ("" where the mode has none); `inputs` is what the
+    supervising case sends every rank with the test (`RankedTestCase.rank_inputs`: a pytest
+    function's call and fixture values), None for a test class.
     """
 
     rank: int
@@ -35,6 +37,7 @@ class RankContext:
     file_name: str = ""
     grid_sync: GridSync = _always_in_step
     grid_points: int = 0
+    inputs: Any = None
 
     def grid_point_done(self, params: Dict[str, Any], passed: bool) -> bool:
         """Count the grid point, then meet the other ranks; whether the grid may go on."""

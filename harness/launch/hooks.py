@@ -21,6 +21,8 @@ suite may override one too (calling `super()`).
   `shared_rank_before_test()`                       the ranks meet before each test
   `shared_rank_after_test() -> bool`                after each test: whether the rank can take
                                                     another (False: new ranks for the next)
+  `shared_rank_finish()`                            when the set ends without a fault (its
+                                                    pipe closed): what the set kept alive
 
 Upstream's own names stay what suites override: `perThreadSetUp`/`perThreadTearDown` (called
 from `rank_set_up`/`finish_rank_thread`), `_init_pg`, `backend_str`, `opts` (called from
@@ -72,3 +74,6 @@ class SharedRankHooks(Protocol):
 
     def shared_rank_after_test(self) -> bool:
         """After each test: whether this rank can run the class's next test."""
+
+    def shared_rank_finish(self) -> None:
+        """The parent ended the set (closed the task pipe): undo what the set kept."""

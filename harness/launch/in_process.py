@@ -36,6 +36,7 @@ def run_rank_here(
     if record is None:
         record = RankRecord(rank, pid=os.getpid())
     sink = RecordSink(record)
+    context.setdefault("inputs", case.rank_inputs())
     rank_context = RankContext(rank, world_size, ReportingResult(sink), **context)
     started = time.monotonic()
     try:

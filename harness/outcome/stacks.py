@@ -33,7 +33,7 @@ _HIDDEN = tuple(
     for name in (
         "launch" + os.sep, "outcome" + os.sep, "process" + os.sep, "threads" + os.sep,
         "runner" + os.sep, "compat" + os.sep, "testcase.py", "comparison.py", "subtests.py",
-        "parametrize.py", "pytest_plugin.py",
+        "parametrize.py", "pytest_plugin" + os.sep,
     )
 ) + (os.path.dirname(unittest.__file__) + os.sep,)
 # Hidden only below the first frame of the test: what starts a process or a thread.

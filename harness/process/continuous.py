@@ -146,10 +146,18 @@ class MultiProcContinuousTest(MultiProcessTestCase):
             compat_local_tensor.reset_dynamo()
         return dist.is_initialized() and dist.group.WORLD is cls.pg
 
+    @classmethod
+    def shared_rank_finish(cls) -> None:
+        """Nothing to undo: the rank process exits, its group with it."""
+
     # -- in the parent -------------------------------------------------------------------
 
     def make_launcher(self) -> Launcher:
         return process_launcher(SharedProcesses())
+
+    def shared_ranks_key(self) -> Any:
+        """Which set of shared ranks runs this test (harness/process/shared.py): the class's."""
+        return type(self)
 
     # -- in a rank without the class's group (torchrun): a group for this test alone --------
 

@@ -44,7 +44,7 @@ class FreshProcesses(Launcher):
         _check_importable(case)
         group = RankGroup(case.world_size)
         self._group = group
-        group.start(type(case), case._testMethodName)
+        group.start(type(case), case._testMethodName, inputs=case.rank_inputs())
         return RankSetup(group.file_name, group.processes)
 
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
@@ -65,13 +65,14 @@ class SharedProcesses(Launcher):
 
     def __init__(self) -> None:
         self._sent_to: Optional[shared_ranks.SharedRanks] = None
-        self._cls: Optional[type] = None
+        self._key: Any = None
 
     def start(self, case: Any) -> RankSetup:
         _check_importable(case)
-        ranks = shared_ranks.OPEN_RANKS.ranks_of(type(case), case.world_size)
+        key = case.shared_ranks_key()
+        ranks = shared_ranks.OPEN_RANKS.ranks_of(type(case), case.world_size, key)
         setup = ranks.send_test(case)
-        self._sent_to, self._cls = ranks, type(case)
+        self._sent_to, self._key = ranks, key
         return setup
 
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
@@ -84,8 +85,8 @@ class SharedProcesses(Launcher):
     def close(self) -> None:
         """A test sent to the ranks but never joined (its setUp failed later) leaves them out
         of step: stop them. After a join the class's ranks stay for its next test."""
-        if self._sent_to is not None and self._cls is not None:
-            shared_ranks.OPEN_RANKS.stop(self._cls)
+        if self._sent_to is not None:
+            shared_ranks.OPEN_RANKS.stop(self._key)
             self._sent_to = None
 
 

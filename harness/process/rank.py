@@ -69,6 +69,7 @@ class RankSpec:
     threads: int
     env: Dict[str, str]
     fake_pg: bool = False  # upstream's `fake_pg` of the class: its ranks use the fake backend
+    inputs: Any = None  # what the supervising case sends with the test (RankContext.inputs)
 
 
 def main(spec: RankSpec, channel: Connection) -> None:
@@ -78,7 +79,7 @@ def main(spec: RankSpec, channel: Connection) -> None:
     runs too), which builds the instance and hands it to `RankRun.run` via `run_test`.
     """
     _set_up_process(spec)
-    rank_run = RankRun(spec, spec.file_name, ReportingResult(channel), channel)
+    rank_run = RankRun(spec, spec.file_name, ReportingResult(channel), channel, spec.inputs)
     try:
         cls = load_class(spec.module, spec.qualname)
         cls._run(spec.rank, spec.method, spec.file_name, rank_run, fake_pg=spec.fake_pg)
@@ -98,9 +99,11 @@ class RankRun:
     makes `case` this rank and runs it, its events reported to the parent."""
 
     def __init__(
-        self, spec: RankSpec, file_name: str, result: ReportingResult, channel: Connection
+        self, spec: RankSpec, file_name: str, result: ReportingResult, channel: Connection,
+        inputs: Any = None,
     ) -> None:
         self._spec, self._file_name, self._result, self._channel = spec, file_name, result, channel
+        self._inputs = inputs
         self.grid_points = 0
 
     def run(self, case: Any) -> None:
@@ -110,6 +113,7 @@ class RankRun:
                 spec.rank, spec.world_size, self._result, init_method=f"file://{file_name}",
                 file_name=file_name,
                 grid_sync=GridMeeting(f"{file_name}.grid", spec.world_size, case.grid_sync_timeout),
+                inputs=self._inputs,
             )
             case.attach_rank(context)
         except Exception:
@@ -126,6 +130,7 @@ class Task:
     method: str
     output_path: str  # this test's output file: each test's output is reported on its own
     file_name: str  # this test's own rendezvous path (the grid synchronisation lives beside it)
+    inputs: Any = None  # what the supervising case sends with the test (RankContext.inputs)
 
 
 def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
@@ -159,7 +164,8 @@ def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
     while True:
         try:
             task = tasks.recv()
-        except EOFError:
+        except EOFError:  # the parent ended the set
+            _finish_set(cls)
             break
         if task.output_path != output:
             _capture_output(task.output_path)
@@ -186,6 +192,17 @@ def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
     _leave(channel)
 
 
+def _finish_set(cls: Any) -> None:
+    """The set ends without a fault: the class undoes what the set kept (errors go to the
+    rank's output: no test is left to report them)."""
+    if cls is None:
+        return
+    try:
+        cls.shared_rank_finish()
+    except Exception:
+        traceback.print_exc()
+
+
 def _meet(cls: SharedRankHooks, channel: Connection, number: int) -> bool:
     """The ranks' meeting before test `number`; False (with why, in the output) if it failed."""
     try:
@@ -206,7 +223,7 @@ def _run_shared_test(
         torch.default_generator.manual_seed(current_seed())
     before = leaks.snapshot(checks, cls.pg)
     result = ReportingResult(channel, hold_success=True)
-    rank_run = RankRun(spec, task.file_name, result, channel)
+    rank_run = RankRun(spec, task.file_name, result, channel, task.inputs)
     try:
         rank_run.run(cls(task.method))
     except Exception:

@@ -23,7 +23,7 @@ class's ranks itself.
 from __future__ import annotations
 
 import atexit
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 from harness.launch.launcher import RankSetup
 from harness.outcome.rank_record import RankRecord
@@ -31,6 +31,7 @@ from harness.process import leaks
 from harness.process.supervisor import RankGroup
 
 READY_TIMEOUT_S = 10.0  # how long a reused set may take to meet before a test
+FINISH_GRACE_S = 2.0  # how long a set that is stopped may take to end itself (its teardown)
 
 
 class SharedRanks:
@@ -49,11 +50,11 @@ class SharedRanks:
         ranks begin while the parent finishes setting up. Returns the test's rendezvous file
         and the ranks' processes, as the fresh mode's launcher does."""
         group = self.group
-        self._reused = group is not None and group.send_test(case._testMethodName)
+        self._reused = group is not None and _send(group, case)
         if not self._reused:
             self.close()
             group = self._start(case)
-            group.send_test(case._testMethodName)  # a rank gone: supervise says so
+            _send(group, case)  # a rank gone: supervise says so
         assert group is not None
         return RankSetup(group.test_file(), group.processes)
 
@@ -65,7 +66,7 @@ class SharedRanks:
         if self._reused and not group.wait_ready(READY_TIMEOUT_S):
             self.close()  # a broken set: run the test on new ranks instead
             group = self._start(case)
-            group.send_test(case._testMethodName)
+            _send(group, case)
         try:
             timed_out = group.supervise(timeout)
         except BaseException:  # KeyboardInterrupt, SIGTERM: no rank outlives the test
@@ -86,44 +87,56 @@ class SharedRanks:
             raise
         return group
 
-    def close(self) -> None:
-        """Stop the ranks and remove their private dir (a later test starts new ones)."""
+    def close(self, grace_s: float = 0.0) -> None:
+        """Stop the ranks and remove their private dir (a later test starts new ones);
+        `grace_s`: how long intact ranks may take to end their set themselves."""
         group, self.group = self.group, None
         if group is not None:
-            group.close()
+            group.close(grace_s)
+
+
+def _send(group: RankGroup, case: Any) -> bool:
+    """Send `case`'s test to the ranks; False if one can no longer be reached."""
+    return group.send_test(case._testMethodName, case.rank_inputs())
 
 
 class OpenRanks:
-    """Every test class's shared ranks in this process, by class.
+    """Every set of shared ranks in this process, by key: a shared-process class's own class,
+    a marked pytest function's (module, world size, device, ...) (harness/pytest_plugin/case.py).
 
-    A class's ranks outlive each of its tests (each test is its own TestCase instance), so
-    they are kept here, where its next test finds them. Three owners stop them: the class's
-    tearDownClass (`stop`), the runner's scope when a run ends or is stopped between two tests
-    of a class (harness/runner/lifecycle.py: `stop_all`), and, for a runner that has neither
-    (a plain `unittest.main`), this process's exit (`OPEN_RANKS` is registered with atexit).
+    A set outlives each of its tests (each test is its own TestCase instance), so it is kept
+    here, where its next test finds it. Three owners stop them: the class's tearDownClass or
+    the pytest plugin when a module's tests are done (`stop`), the runner's scope when a run
+    ends or is stopped between two tests (harness/runner/lifecycle.py: `stop_all`), and, for a
+    runner that has neither (a plain `unittest.main`), this process's exit (`OPEN_RANKS` is
+    registered with atexit).
     """
 
     def __init__(self) -> None:
-        self._by_class: Dict[type, SharedRanks] = {}
+        self._by_key: Dict[Hashable, SharedRanks] = {}
 
-    def ranks_of(self, cls: type, world_size: int) -> SharedRanks:
-        """The class's shared ranks (none started until its first test runs)."""
-        ranks = self._by_class.get(cls)
-        if ranks is None or ranks.world_size != world_size:
-            self.stop(cls)
-            ranks = self._by_class[cls] = SharedRanks(cls, world_size)
+    def ranks_of(self, cls: type, world_size: int, key: Hashable) -> SharedRanks:
+        """The shared ranks of `key` (none started until its first test runs), running `cls`."""
+        ranks = self._by_key.get(key)
+        if ranks is None or ranks.world_size != world_size or ranks.cls is not cls:
+            self.stop(key)
+            ranks = self._by_key[key] = SharedRanks(cls, world_size)
         return ranks
 
-    def stop(self, cls: type) -> None:
-        """Stop the class's ranks, if it has any running (its tearDownClass)."""
-        ranks = self._by_class.pop(cls, None)
+    def stop(self, key: Hashable) -> None:
+        """Stop the ranks of `key`, if it has any running (a class's tearDownClass)."""
+        ranks = self._by_key.pop(key, None)
         if ranks is not None:
-            ranks.close()
+            ranks.close(FINISH_GRACE_S)
+
+    def stop_where(self, wanted: Callable[[Hashable], bool]) -> None:
+        """Stop every set whose key is `wanted` (the pytest plugin: a module's sets)."""
+        for key in [key for key in self._by_key if wanted(key)]:
+            self.stop(key)
 
     def stop_all(self) -> None:
-        """Stop every class's ranks: a run ends, or stops between a class's tests (signals)."""
-        for cls in list(self._by_class):
-            self.stop(cls)
+        """Stop every set: a run ends, or stops between a class's tests (signals)."""
+        self.stop_where(lambda key: True)
 
 
 OPEN_RANKS = OpenRanks()  # this process's; the one registry every caller names

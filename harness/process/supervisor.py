@@ -89,15 +89,15 @@ class RankGroup:
         """The current test's own rendezvous path (its grid synchronisation lives beside it)."""
         return os.path.join(self.work_dir, f"test{self.round}")
 
-    def start(self, cls: type, method: str = "", shared: bool = False) -> None:
-        """Start the ranks of test class `cls`: fresh ones run its test `method`; shared ones
-        wait for `send_test`."""
+    def start(self, cls: type, method: str = "", shared: bool = False, inputs: Any = None) -> None:
+        """Start the ranks of test class `cls`: fresh ones run its test `method` (with the
+        case's `inputs`); shared ones wait for `send_test`."""
         context = forkserver.context(cls.__module__)
         self._class = cls
         self._began = time.monotonic()
         for record in self.records:
             reader, writer = context.Pipe(duplex=False)
-            args: tuple = (self._spec(cls, method, record.rank), writer)
+            args: tuple = (self._spec(cls, method, record.rank, inputs), writer)
             task_reader = None
             if shared:
                 task_reader, self._tasks[record.rank] = context.Pipe(duplex=False)
@@ -125,7 +125,7 @@ class RankGroup:
             self.close()
             forkserver.exit_for_missing_guard(cls.__module__)
 
-    def _spec(self, cls: type, method: str, rank: int) -> RankSpec:
+    def _spec(self, cls: type, method: str, rank: int, inputs: Any) -> RankSpec:
         world_size = len(self.records)
         return RankSpec(
             module=cls.__module__,
@@ -140,18 +140,19 @@ class RankGroup:
             threads=devices.intra_op_threads(world_size),
             env={**os.environ, **assert_rewrite.settings()},
             fake_pg=bool(getattr(cls, "fake_pg", False)),
+            inputs=inputs,
         )
 
-    def send_test(self, method: str) -> bool:
+    def send_test(self, method: str, inputs: Any = None) -> bool:
         """Shared ranks: begin a round (fresh records and output files) and send every rank the
-        test; False if a rank can no longer be reached."""
+        test (with the case's `inputs`); False if a rank can no longer be reached."""
         previous = self._forget_round() if self._round_begun else []
         self._round_begun = True
         task_file = self.test_file()
         self._began = time.monotonic()
         try:
             for rank, pipe in self._tasks.items():
-                pipe.send(Task(method, self.output_path(rank), task_file))
+                pipe.send(Task(method, self.output_path(rank), task_file, inputs))
         except OSError:
             return False
         finally:
@@ -354,12 +355,22 @@ class RankGroup:
                 print(f"[rank {rank}] {line}", file=sys.stdout, flush=True)
             self._streamed[rank] += end
 
-    def close(self) -> None:
-        """Kill what still runs and remove the private dir (rendezvous file, outputs, temp)."""
+    def close(self, grace_s: float = 0.0) -> None:
+        """Kill what still runs and remove the private dir (rendezvous file, outputs, temp).
+
+        `grace_s`: shared ranks first see their task pipe close and get that long to end
+        their set themselves (harness/process/rank.py `serve`: the set's teardown)."""
         if self._closed:
             return
         self._closed = True
         try:
+            if grace_s and self._tasks:
+                for pipe in self._tasks.values():
+                    pipe.close()
+                self._tasks.clear()
+                until = time.monotonic() + grace_s
+                for process in self.processes:
+                    process.join(max(0.0, until - time.monotonic()))
             for process in self.processes:
                 if process.exitcode is None:
                     process.kill()

@@ -151,7 +151,8 @@ class ThreadRanks(Launcher):
         assert world is not None
         thread_world.bind_thread(world, rank)
         context = RankContext(
-            rank, world.world_size, ReportingResult(sink), grid_sync=_grid_sync(world, rank)
+            rank, world.world_size, ReportingResult(sink), grid_sync=_grid_sync(world, rank),
+            inputs=case.rank_inputs(),
         )
         rank_case: Any = None  # a unittest.TestCase with the ThreadRankHooks
         started = time.monotonic()

@@ -1,0 +1,171 @@
+"""The harness's pytest plugin: multi-rank tests reported the way pytest reports any test.
+
+Registered through the `pytest11` entry point when the package is installed (and by
+`-p harness.pytest_plugin`, which the checkout's pytest settings pass; `-p
+no:harness.pytest_plugin` turns all of it off). For a multi-rank test, a harness class's or
+a marked function's, it:
+
+- leads a failure's report with the rank that failed first and its exception line
+  (`FAILED t.py::test_sum - rank 1: AssertionError: assert ...`), then that rank's traceback
+  laid out by pytest itself (every `--tb` style, the user's frames only), then the other
+  ranks and the collectives, a section each (report.py);
+- puts each rank's output in pytest's captured sections (`-rP`, `--show-capture`);
+- has the forkserver rewrite the asserts of the modules pytest rewrote, so a bare `assert`
+  in a rank process explains itself (harness/process/assert_rewrite.py);
+- with pytest-timeout, stops the ranks before its timer fires, so that the harness's hang
+  report (stacks, pending collectives) is what the user sees;
+- `--debug-rank N` gives rank N the terminal for `breakpoint()`;
+- under pytest-xdist, lets a grid point's params (an enum, a dtype) cross to the controller.
+
+The report comes from the same TestReport as unittest's (harness/outcome/merge.py builds it;
+the failure its replay raises carries its `RankReport`, harness/outcome/replay.py); only the
+layout is pytest's. Marked functions (`@pytest.mark.ranks`, `@rank_fixture`, `rank_pool`,
+`DistributedTest`) are functions.py's hooks and fixtures.py's, pool.py's and deepspeed.py's
+fixtures, registered with this plugin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Generator, Optional
+
+import pytest
+
+from harness import devices
+from harness.launch.case import RankedTestCase
+from harness.outcome.replay import rank_report
+from harness.process import assert_rewrite, forkserver, shared
+from harness.process.case import MultiProcessTestCase
+from harness.pytest_plugin import deepspeed, fixtures, functions, leases, pool, stash
+from harness.pytest_plugin import report as report_layout
+
+MARKERS = (
+    "ranks(N | [N, ...], *, mode='fresh'|'shared'|'threads', device='auto'|'cpu'|'cuda', "
+    "backend=None, allow_cpu=False, init=True, timeout=None): run the test once in each of N "
+    "ranks (torch-dist-harness)",
+    "world_size(N | [N, ...]): a harness.DistributedTest method's world size",
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness", "multi-rank tests (torch-dist-harness)")
+    group.addoption(
+        "--debug-rank", type=int, default=None, metavar="N",
+        help="give rank N of each multi-rank test the terminal, for breakpoint()/pdb; the "
+        "other ranks and the timeout wait for it (sets HARNESS_DEBUG_RANK)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    for module in (functions, fixtures, pool, deepspeed):
+        if not config.pluginmanager.is_registered(module):
+            config.pluginmanager.register(module, module.__name__)
+    if not hasattr(config, "workerinput"):  # not an xdist worker: the run's device locks
+        leases.open_locks(_accelerators())
+    rank = config.getoption("debug_rank", None)
+    if rank is not None:
+        if rank < 0:
+            raise pytest.UsageError(f"--debug-rank {rank}: a rank is a number from 0")
+        os.environ[devices.DEBUG_RANK_ENV] = str(rank)
+
+
+def _accelerators() -> int:
+    try:
+        return devices.accelerator_count()
+    except devices.HarnessConfigError:
+        return 0  # the tests report it
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shared.OPEN_RANKS.stop_all()
+    if not hasattr(config, "workerinput"):
+        leases.close_locks()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Name the collected modules pytest rewrote, for the forkserver to rewrite them too."""
+    modules = {getattr(item, "module", None) for item in session.items}
+    assert_rewrite.rewrite_in_ranks(assert_rewrite.rewritten_by_pytest(modules))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Any:
+    """Start the forkserver before the test's own time (and pytest-timeout's timer) starts:
+    its start-up, seconds once per run, is not the test's."""
+    cls = getattr(item, "cls", None)
+    ranks = item.stash.get(fixtures.RANKS, None)
+    in_processes = ranks is not None and ranks.mode != "threads"
+    if in_processes or isinstance(cls, type) and issubclass(cls, MultiProcessTestCase):
+        try:
+            if devices.start_method() == "forkserver" and devices.torchrun_env() is None:
+                forkserver.warm_up(item.module.__name__)  # type: ignore[attr-defined]
+        except devices.HarnessConfigError:
+            pass  # the test itself reports it
+    return (yield)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
+    """pytest-timeout starts its timer: note when it will fire (its own hook does the rest)."""
+    timeout = getattr(settings, "timeout", None)
+    if timeout:
+        item.stash[stash.DEADLINE] = time.monotonic() + float(timeout)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    case = getattr(item, "instance", None)
+    ranked = isinstance(case, RankedTestCase)
+    if ranked and stash.DEADLINE in item.stash:
+        case.deadline = item.stash[stash.DEADLINE]
+    try:
+        return (yield)
+    finally:
+        if ranked:  # the ranks' output goes into the test's report (not its grid points')
+            item.stash[stash.RECORDS] = list(case.rank_records)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if call.when != "call":
+        return report
+    lead = rank_report(call.excinfo.value) if call.excinfo is not None else None
+    if lead is not None and report.failed:
+        longrepr = report_layout.longrepr(item, lead)
+        if longrepr is not None:
+            report.longrepr = longrepr
+    for record in item.stash.get(stash.RECORDS, []):
+        if record.output.strip():
+            name = f"Captured stdout+stderr call (rank {record.rank})"
+            report.sections.append((name, record.output))
+    if stash.RECORDS in item.stash:
+        del item.stash[stash.RECORDS]
+    return report
+
+
+PLAIN_TYPES = (type(None), bool, int, float, str)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """In a pytest-xdist worker, a grid point's params travel as their repr.
+
+    A worker sends each report to the controller through execnet, which carries only plain
+    values: a subtest's params (`sharding_strategy=ShardingStrategy.FULL_SHARD`, as
+    run_subtests and the grid points a multi-rank test replays pass them) would stop the
+    worker with a DumpError. The controller shows them as `name='ShardingStrategy.FULL_SHARD'`.
+    """
+    context = getattr(report, "context", None)
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not dataclasses.is_dataclass(context):
+        return
+    kwargs = getattr(context, "kwargs", None) or {}
+    if any(type(value) not in PLAIN_TYPES for value in kwargs.values()):
+        plain = {k: v if type(v) in PLAIN_TYPES else repr(v) for k, v in kwargs.items()}
+        report.context = dataclasses.replace(context, kwargs=plain)  # type: ignore[attr-defined]

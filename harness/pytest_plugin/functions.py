@@ -1,0 +1,221 @@
+"""The hooks that make a marked pytest function (or a DistributedTest method) a multi-rank test.
+
+- collection: a list of world sizes parametrizes `world_size` (`ranksN` in the id); each
+  item keeps its `Ranks` (fixtures.RANKS); a test that cannot run here is skipped with the
+  reason (`device="cuda"` without enough devices); a marker that is wrong is reported by
+  that test alone, as a one-line error when it is set up.
+- set-up: pytest resolves the fixtures in this process as usual; then `build_call` turns them
+  into the FunctionCall the ranks get (a value that cannot be sent is a one-line error).
+- call: `pytest_pyfunc_call` runs the call on the ranks (harness/pytest_plugin/case.py) and
+  raises what they reported, which the plugin lays out (report.py).
+- teardown: a module's shared ranks stop once its last test ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Dict, Optional, Tuple
+
+import pytest
+
+from harness import devices
+from harness.launch.case import RankedTestCase
+from harness.process import shared
+from harness.pytest_plugin import deepspeed, leases, stash
+from harness.pytest_plugin.call import (
+    IN_RANK_BUILTINS,
+    RANK_OWN,
+    CallError,
+    FixtureRef,
+    FunctionCall,
+    check_sendable,
+    marked_param,
+)
+from harness.pytest_plugin.case import SharedKey, run_in_ranks
+from harness.pytest_plugin.fixtures import RANKS, SIZE_PARAM, InRank
+from harness.pytest_plugin.marker import (
+    MarkerError,
+    Placement,
+    Ranks,
+    placement,
+    read_ranks,
+    size_id,
+)
+
+GROUP_TIMEOUT_MARGIN_S = 60.0  # the default group outlives the test, so a hang is the test's
+
+
+def requested_ranks(node: Any, cls: Optional[type]) -> Optional[Ranks]:
+    """What a test asks for: its `ranks` marker, or its DistributedTest class; None if it is
+    not a multi-rank function (MarkerError if it asks wrongly)."""
+    if isinstance(cls, type) and issubclass(cls, deepspeed.DistributedTest):
+        return deepspeed.ranks_of(cls, node.get_closest_marker("world_size"))
+    mark = node.get_closest_marker("ranks")
+    if mark is None:
+        return None
+    if isinstance(cls, type) and issubclass(cls, RankedTestCase):
+        raise MarkerError(
+            f"@pytest.mark.ranks on {cls.__name__}, which is already a multi-rank unittest "
+            "class: its world_size says how many ranks run each test"
+        )
+    return read_ranks(mark.args, mark.kwargs)
+
+
+def place(ranks: Ranks, world_size: int) -> Placement:
+    """Where `world_size` ranks of `ranks` run on this machine."""
+    return placement(ranks, world_size, devices.accelerator_count(), devices.allow_cpu())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    try:
+        ranks = requested_ranks(metafunc.definition, metafunc.cls)
+    except MarkerError:
+        return  # the test reports it when set up
+    if ranks is None or not ranks.listed or deepspeed.is_distributed_test(metafunc.cls):
+        return
+    if SIZE_PARAM not in metafunc.fixturenames:
+        metafunc.fixturenames.append(SIZE_PARAM)
+    metafunc.parametrize(SIZE_PARAM, ranks.sizes, ids=[size_id(s) for s in ranks.sizes])
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    for item in items:
+        if isinstance(item, pytest.Function):
+            _classify(item)
+
+
+def _classify(item: pytest.Function) -> None:
+    try:
+        ranks = requested_ranks(item, item.cls)
+    except MarkerError as error:
+        item.stash[stash.PROBLEM] = str(error)
+        return
+    if ranks is None:
+        return
+    callspec = getattr(item, "callspec", None)
+    if ranks.listed and callspec is not None and SIZE_PARAM in callspec.params:
+        ranks = dataclasses.replace(ranks, sizes=(callspec.params[SIZE_PARAM],))
+    item.stash[RANKS] = ranks
+    try:
+        skips = [place(ranks, size).skip for size in ranks.sizes]
+    except devices.HarnessConfigError as error:
+        item.stash[stash.PROBLEM] = str(error)
+        return
+    reason = next((skip for skip in skips if skip), None)
+    if reason is not None:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    problem = item.stash.get(stash.PROBLEM, None)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
+    result = yield  # pytest resolves the fixtures
+    ranks = item.stash.get(RANKS, None)
+    if ranks is not None and isinstance(item, pytest.Function):
+        try:
+            item.stash[stash.CALL] = build_call(item, ranks)
+        except CallError as error:
+            pytest.fail(str(error), pytrace=False)
+    return result
+
+
+def _argnames(function: Any) -> Tuple[str, ...]:
+    """The parameters pytest fills from fixtures (no defaults, no *args)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(
+        p.name for p in inspect.signature(function).parameters.values()
+        if p.kind in kinds and p.default is inspect.Parameter.empty
+    )
+
+
+def build_call(item: pytest.Function, ranks: Ranks) -> FunctionCall:
+    """The FunctionCall every rank of `item` gets, from the fixtures pytest resolved here."""
+    funcargs: Dict[str, Any] = item.funcargs
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    indices = callspec.indices if callspec is not None else {}
+    module, qualname = item.module.__name__, _qualname(item)
+    argnames = _argnames(item.obj)
+    values: Dict[str, Any] = {}
+    marked: Dict[str, int] = {}
+    refs: Dict[str, FixtureRef] = {}
+    base: Optional[str] = None
+    todo = list(argnames)
+    while todo:
+        name = todo.pop(0)
+        if name in values or name in marked or name in refs or name in IN_RANK_BUILTINS:
+            continue
+        value = funcargs.get(name)
+        if name in RANK_OWN:
+            base = value.base if isinstance(value, InRank) and value.base else base
+            continue
+        if isinstance(value, FixtureRef):
+            refs[name] = value
+            todo.extend(value.argnames)
+            continue
+        if name in params and params[name] is value and name in indices:
+            found, marker_value = marked_param(module, qualname, name, indices[name])
+            if found and marker_value is value:
+                marked[name] = indices[name]
+                continue
+        if name not in funcargs:
+            raise CallError(f"fixture {name!r} of {item.nodeid} was not resolved")
+        if ranks.mode != "threads":
+            check_sendable(name, value)
+        values[name] = value
+    timeout = ranks.timeout or devices.default_timeout()
+    return FunctionCall(
+        test_id=item.nodeid, module=module, qualname=qualname, argnames=argnames,
+        values=values, marked=marked, rank_fixtures=refs, init=ranks.init,
+        group_timeout=timeout + GROUP_TIMEOUT_MARGIN_S, rank_tmp_base=base,
+        sizes=ranks.sizes,
+    )
+
+
+def _qualname(item: pytest.Function) -> str:
+    name = getattr(item, "originalname", None) or item.name
+    return f"{item.cls.__qualname__}.{name}" if item.cls is not None else name
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Optional[bool]:
+    call = pyfuncitem.stash.get(stash.CALL, None)
+    if call is None:
+        return None
+    ranks = pyfuncitem.stash[RANKS]
+    records: list = []
+    try:
+        for size in ranks.sizes:  # one, but a DistributedTest's list runs in turn
+            where = place(ranks, size)
+            with leases.lease(where.device_type, size, devices.accelerator_count()) as held:
+                placed = dataclasses.replace(
+                    call, device_type=where.device_type, devices=held, backend=where.backend
+                )
+                key = SharedKey(call.module, size, where.device_type, held, where.backend,
+                                call.init)
+                run = run_in_ranks(placed, ranks.mode, size, ranks.timeout,
+                                   pyfuncitem.stash.get(stash.DEADLINE, None), key)
+            records.extend(run.records)
+            if run.problem is not None:
+                raise run.problem[1].with_traceback(run.problem[2])
+            if run.skip is not None:
+                pytest.skip(run.skip)
+    finally:
+        pyfuncitem.stash[stash.RECORDS] = records
+    return True
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]) -> None:
+    """A module's shared ranks stop after its last test (their "ranks" fixtures end there)."""
+    ranks = item.stash.get(RANKS, None)
+    module = getattr(item, "module", None)
+    if ranks is None or ranks.mode != "shared" or module is None:
+        return
+    if nextitem is None or getattr(nextitem, "module", None) is not module:
+        shared.OPEN_RANKS.stop_where(
+            lambda key: isinstance(key, SharedKey) and key.module == module.__name__
+        )

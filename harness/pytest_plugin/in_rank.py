@@ -1,0 +1,201 @@
+"""Inside a rank: a marked test's arguments built from its FunctionCall, the call, the teardown.
+
+Each argument is one of: the rank's own fixtures (`rank`, `world_size`, `device`,
+`rank_tmp_path`, `init_method`), pytest's fixtures that act in the rank (`monkeypatch`,
+`capsys`, `capfd`, `caplog`, `recwarn`: harness/pytest_plugin/captures.py), a `@rank_fixture`
+(built here from its function, its own arguments resolved the same way, its generator
+finished at teardown), a `pytest.mark.parametrize` value read from the marker, or a value the
+parent sent. Teardown runs in reverse order of set-up, as pytest's. A "ranks"-scoped rank
+fixture lives as long as the rank process when the ranks are shared (`RanksScope`).
+
+`pytest.skip` in a rank is unittest's skip (so the ranks' verdict counts it), `pytest.fail`
+a failed assertion with its message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import pickle
+import unittest
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import pytest
+import torch
+
+from harness.pytest_plugin import captures
+from harness.pytest_plugin.call import (
+    IN_RANK_BUILTINS,
+    FixtureRef,
+    FunctionCall,
+    find_target,
+    marked_param,
+    result_path,
+)
+from harness.pytest_plugin.deepspeed import DistributedTest
+from harness.pytest_plugin.fixtures import rank_fixture_function
+
+# unittest and pytest hide frames of modules that define these: a failure points at the
+# user's line, not at how the rank called it.
+__unittest = True
+__tracebackhide__ = True
+
+
+class RanksScope:
+    """The "ranks"-scoped rank fixtures of this rank process: built once, torn down when the
+    process's set of ranks ends (`close`)."""
+
+    def __init__(self) -> None:
+        self.values: Dict[Tuple[str, str], Any] = {}
+        self.teardown = contextlib.ExitStack()
+
+    def close(self) -> None:
+        self.values.clear()
+        self.teardown.close()
+
+
+RANKS_SCOPE = RanksScope()  # this process's; a shared rank closes it when its set ends
+
+
+def rank_device(call: FunctionCall, rank: int) -> torch.device:
+    """The device `rank` of `call` computes on."""
+    if call.device_type == "cpu" or not call.devices:
+        return torch.device("cpu")
+    return torch.device(call.device_type, call.devices[rank])
+
+
+class Arguments:
+    """One rank's fixture values for one call, built on demand; `teardown` undoes them."""
+
+    def __init__(
+        self, call: FunctionCall, rank: int, world_size: int, init_method: str,
+        keep_ranks_scope: bool,
+    ) -> None:
+        self.call, self.rank, self.world_size = call, rank, world_size
+        self.init_method = init_method
+        self.keep_ranks_scope = keep_ranks_scope
+        self.teardown = contextlib.ExitStack()
+        self._built: Dict[str, Any] = {}
+
+    def value(self, name: str, asked_by: str = "") -> Any:
+        if name not in self._built:
+            self._built[name] = self._build(name, asked_by)
+        return self._built[name]
+
+    def _build(self, name: str, asked_by: str) -> Any:
+        call = self.call
+        own = self._own(name)
+        if own is not None:
+            return own()
+        if name in IN_RANK_BUILTINS:
+            fixture = captures.make(name)
+            self.teardown.callback(fixture.close)
+            return fixture
+        if name in call.rank_fixtures:
+            return self._rank_fixture(call.rank_fixtures[name])
+        if name in call.marked:
+            found, value = marked_param(call.module, call.qualname, name, call.marked[name])
+            if found:
+                return value
+        if name in call.values:
+            return call.values[name]
+        who = f"{asked_by!r}" if asked_by else call.test_id
+        raise LookupError(f"fixture {name!r} (asked by {who}) is not available in the rank")
+
+    def _own(self, name: str) -> Optional[Callable[[], Any]]:
+        own: Dict[str, Callable[[], Any]] = {
+            "rank": lambda: self.rank,
+            "world_size": lambda: self.world_size,
+            "device": lambda: rank_device(self.call, self.rank),
+            "rank_tmp_path": self._rank_tmp_path,
+            "init_method": self._init_method,
+        }
+        return own.get(name)
+
+    def _rank_tmp_path(self) -> Path:
+        base = self.call.rank_tmp_base
+        assert base is not None, "the parent made no rank_tmp_path folder"
+        path = Path(base) / f"rank{self.rank}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _init_method(self) -> str:
+        if not self.init_method:
+            raise LookupError(
+                "init_method: threads share one process and have no rendezvous; use init=True "
+                "(the default group on the threaded backend)"
+            )
+        return self.init_method
+
+    def _rank_fixture(self, ref: FixtureRef) -> Any:
+        scoped = ref.scope == "ranks" and self.keep_ranks_scope
+        key = (ref.module, ref.name)
+        if scoped and key in RANKS_SCOPE.values:
+            return RANKS_SCOPE.values[key]
+        function = rank_fixture_function(ref.module, ref.name)
+        kwargs = {arg: self.value(arg, ref.name) for arg in ref.argnames}
+        value = function(**kwargs)
+        if inspect.isgenerator(value):
+            generator = value
+            value = next(generator)
+            stack = RANKS_SCOPE.teardown if scoped else self.teardown
+            stack.callback(_finish, generator, ref.name)
+        if scoped:
+            RANKS_SCOPE.values[key] = value
+        return value
+
+
+def _finish(generator: Any, name: str) -> None:
+    try:
+        next(generator)
+    except StopIteration:
+        return
+    raise RuntimeError(f"rank fixture {name!r} yielded more than once")
+
+
+def call_in_rank(
+    call: FunctionCall, rank: int, world_size: int, init_method: str,
+    keep_ranks_scope: bool = False,
+) -> None:
+    """Build the test's arguments in this rank, call the test, tear the arguments down."""
+    target = find_target(call.module, call.qualname)
+    if isinstance(getattr(target, "__self__", None), DistributedTest):
+        target.__self__.world_size = world_size  # this size, of a class that lists several
+    if call.pool_args is not None:
+        _pool_call(call, target, rank, world_size)
+        return
+    arguments = Arguments(call, rank, world_size, init_method, keep_ranks_scope)
+    with arguments.teardown, _as_unittest_outcomes():
+        kwargs = {name: arguments.value(name) for name in call.argnames}
+        target(**kwargs)
+
+
+def _pool_call(call: FunctionCall, target: Any, rank: int, world_size: int) -> None:
+    """rank_pool.run's call: `fn(rank, world_size, *args, **kwargs)`, its value sent back."""
+    with _as_unittest_outcomes():
+        value = target(rank, world_size, *(call.pool_args or ()), **call.values)
+    assert call.result_dir is not None
+    try:
+        data = pickle.dumps(value)
+    except Exception as error:
+        raise TypeError(
+            f"rank_pool.run: {call.qualname} returned {type(value).__name__}, which cannot be "
+            f"sent back to the test ({error})"
+        ) from None
+    with open(result_path(call.result_dir, rank), "wb") as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def _as_unittest_outcomes() -> Any:
+    """pytest's outcome exceptions (BaseExceptions unittest would count as errors) as the
+    unittest outcomes they mean."""
+    try:
+        yield
+    except pytest.skip.Exception as skip:
+        raise unittest.SkipTest(skip.msg) from None
+    except pytest.fail.Exception as failure:
+        raise AssertionError(failure.msg) from None
+
+

@@ -1,0 +1,107 @@
+"""The `rank_pool` fixture: for code written around a process pool (torchmetrics' style).
+
+`rank_pool.run(fn, *args, world_size=2, ...)` calls `fn(rank, world_size, *args, **kwargs)`
+in every rank and returns the ranks' return values, in rank order. It is a marked test's
+run with a call of its own: the same launchers (shared ranks by default, so consecutive calls
+reuse one set, as a session pool does), the same report when a rank fails (the calling test
+fails with it, the rank named), the same timeouts. `fn` is found in each rank by module and
+name, so it must be a module-level function; its arguments and return values travel pickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import pickle
+import shutil
+import sys
+import tempfile
+from typing import Any, Callable, List, Optional
+
+import pytest
+
+from harness import devices
+from harness.pytest_plugin import leases, stash
+from harness.pytest_plugin.call import FunctionCall, check_sendable, result_path
+from harness.pytest_plugin.case import SharedKey, run_in_ranks
+from harness.pytest_plugin.functions import GROUP_TIMEOUT_MARGIN_S, place
+from harness.pytest_plugin.marker import MarkerError, Ranks, check, world_sizes
+
+
+class RankPool:
+    """Runs module-level functions on a set of ranks for the test that asked for it."""
+
+    def __init__(self, node: pytest.Item) -> None:
+        self._node = node
+
+    def run(
+        self, fn: Callable[..., Any], *args: Any, world_size: int = 2, mode: str = "shared",
+        device: str = "auto", init: bool = True, timeout: Optional[float] = None,
+        backend: Optional[str] = None, **kwargs: Any,
+    ) -> List[Any]:
+        """`fn(rank, world_size, *args, **kwargs)` in every rank; their values in rank order."""
+        _check_module_level(fn)
+        sizes, _ = world_sizes(world_size, "rank_pool.run")
+        ranks = Ranks(sizes, mode=mode, device=device, backend=backend, init=init,
+                      timeout=timeout)
+        try:
+            check(ranks, "rank_pool.run")
+        except MarkerError as error:
+            raise ValueError(str(error)) from None
+        if mode != "threads":
+            for index, value in enumerate(args):
+                check_sendable(f"rank_pool.run argument {index}", value)
+            for name, value in kwargs.items():
+                check_sendable(f"rank_pool.run argument {name}", value)
+        where = place(ranks, world_size)
+        if where.skip is not None:
+            pytest.skip(where.skip)
+        result_dir = tempfile.mkdtemp(prefix="harness-pool-")
+        try:
+            call = FunctionCall(
+                test_id=self._node.nodeid, module=fn.__module__, qualname=fn.__qualname__,
+                argnames=(), values=dict(kwargs), init=init,
+                group_timeout=(timeout or devices.default_timeout()) + GROUP_TIMEOUT_MARGIN_S,
+                pool_args=tuple(args), result_dir=result_dir, backend=where.backend,
+            )
+            accelerators = devices.accelerator_count()
+            with leases.lease(where.device_type, world_size, accelerators) as held:
+                placed = dataclasses.replace(call, device_type=where.device_type, devices=held)
+                key = SharedKey(fn.__module__, world_size, where.device_type, held,
+                                where.backend, init)
+                run = run_in_ranks(placed, mode, world_size, timeout,
+                                   self._node.stash.get(stash.DEADLINE, None), key)
+            self._node.stash.setdefault(stash.RECORDS, []).extend(run.records)
+            if run.problem is not None:
+                raise run.problem[1].with_traceback(run.problem[2])
+            if run.skip is not None:
+                pytest.skip(run.skip)
+            values = []
+            for rank in range(world_size):
+                with open(result_path(result_dir, rank), "rb") as f:
+                    values.append(pickle.load(f))
+            return values
+        finally:
+            shutil.rmtree(result_dir, ignore_errors=True)
+
+
+def _check_module_level(fn: Any) -> None:
+    """TypeError (one line) unless `fn` is a function each rank can find by module and name."""
+    name = getattr(fn, "__qualname__", repr(fn))
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    found = module
+    for part in name.split("."):
+        found = getattr(found, part, None)
+    if not inspect.isfunction(fn) or "<" in name or found is not fn:
+        raise TypeError(
+            f"rank_pool.run: {name} is not a module-level function; each rank finds the "
+            "function by module and name, so define it at the top level of a module"
+        )
+
+
+@pytest.fixture
+def rank_pool(request: pytest.FixtureRequest) -> RankPool:
+    """Run module-level functions on ranks: `rank_pool.run(fn, *args, world_size=2)`."""
+    return RankPool(request.node)
+
+

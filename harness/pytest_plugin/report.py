@@ -1,0 +1,126 @@
+"""A multi-rank failure laid out by pytest itself: the lead rank's frames as a real traceback
+(every `--tb` style, `__tracebackhide__`, source lines), then the other ranks and the
+collectives as sections. Used for the harness's classes and marked functions alike.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import linecache
+import sys
+import sysconfig
+from types import TracebackType
+from typing import Any, List, Optional, Tuple
+
+import pytest
+
+from harness.outcome import stacks
+from harness.outcome.report import RankReport
+from harness.outcome.stacks import Frame
+
+
+def longrepr(item: pytest.Item, lead: RankReport) -> Any:
+    """pytest's own layout of the failure: the lead's frames as a traceback, then sections."""
+    frames = lead.frames
+    if lead.hang:  # a hang points at the user's line the rank waits in
+        frames = _without_library_tail(frames)
+    frames = frames or [_test_frame(item)]
+    error = _labelled_error(lead.label, lead.message)
+    try:
+        tb = _traceback(frames, error)
+    except Exception:  # a frame that cannot be stood up: keep pytest's own report of it
+        return None
+    error.__traceback__ = tb
+    longrepr: Any = item.repr_failure(pytest.ExceptionInfo.from_exc_info((type(error), error, tb)))
+    if hasattr(longrepr, "addsection"):
+        for title, text in lead.sections:
+            if not title:
+                title, _, text = text.partition("\n")
+            longrepr.addsection(title.rstrip(":"), stacks.clean_traceback(text))
+    return longrepr
+
+
+def _without_library_tail(frames: List[Frame]) -> List[Frame]:
+    """The frames up to the last one of the user's code (not the stdlib's or an installed
+    package's), when there is one."""
+    libraries = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")})
+    last = max((i for i, f in enumerate(frames) if not f.filename.startswith(libraries)),
+               default=None)
+    return frames if last is None else frames[: last + 1]
+
+
+def _labelled_error(label: str, message: str) -> Exception:
+    """An exception shown as `<label>: <message>`, e.g. `rank 1: AssertionError: boom`."""
+    cls = type(label, (Exception,), {"__module__": "builtins"})
+    cls.__qualname__ = label
+    return cls(message)
+
+
+def _test_frame(item: pytest.Item) -> Frame:
+    """Where the test is defined: the frame a report points at when the ranks gave none."""
+    path, lineno, _ = item.reportinfo()
+    name = getattr(item, "originalname", None) or item.name
+    return Frame(str(path), (lineno or 0) + 1, name)
+
+
+def _traceback(frames: List[Frame], error: BaseException) -> Optional[TracebackType]:
+    """A traceback of real frame objects standing at the given lines of the given files, so
+    that pytest (source, `--tb` styles, `__tracebackhide__`) and `traceback` show them as if
+    the error had been raised here; the frames have no locals."""
+    tb: Optional[TracebackType] = None
+    for frame in reversed(frames):
+        one = _one_frame(frame, error)
+        tb = TracebackType(tb, one.tb_frame, one.tb_lasti, one.tb_lineno)
+    return tb
+
+
+def _one_frame(frame: Frame, error: BaseException) -> TracebackType:
+    line = linecache.getline(frame.filename, frame.lineno)
+    indent = len(line) - len(line.lstrip())
+    # The raise spans the line's text: Python then draws no carets under part of it.
+    statement = "raise (__error" + " " * max(0, len(line.strip()) - 15) + ")"
+    first = _function_start(frame.filename, frame.lineno, frame.name)
+    namespace = {"__error": error, "__name__": "__harness_rank__"}
+    if first is not None and first < frame.lineno:
+        source = (
+            "\n" * (first - 1) + "def _f():\n" + "\n" * (frame.lineno - first - 1)
+            + " " * max(indent, 1) + statement + "\n"
+        )
+        exec(compile(source, frame.filename, "exec"), namespace)
+        function = namespace["_f"]
+        names = {"co_name": frame.name}
+        if hasattr(function.__code__, "co_qualname"):  # Python 3.11+
+            names["co_qualname"] = frame.name
+        function.__code__ = function.__code__.replace(**names)
+        call: Any = function
+    else:
+        code = compile("\n" * (frame.lineno - 1) + statement, frame.filename, "exec")
+        code = code.replace(co_name=frame.name)
+        call = functools.partial(exec, code, namespace)
+    try:
+        call()
+    except BaseException:
+        tb = sys.exc_info()[2]
+    assert tb is not None and tb.tb_next is not None
+    return tb.tb_next
+
+
+def _function_start(filename: str, lineno: int, name: str) -> Optional[int]:
+    """The first line (decorators included) of the innermost function `name` around `lineno`."""
+    spans = [(a, b) for a, b, n in _functions(filename) if n == name and a <= lineno <= b]
+    return max(spans)[0] if spans else None
+
+
+@functools.lru_cache(maxsize=64)
+def _functions(filename: str) -> Tuple[Tuple[int, int, str], ...]:
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return ()
+    return tuple(
+        (min([node.lineno] + [d.lineno for d in node.decorator_list]),
+         node.end_lineno or node.lineno, node.name)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    )

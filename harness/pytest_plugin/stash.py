@@ -1,0 +1,15 @@
+"""What the plugin's hooks keep on a test item between pytest's phases."""
+
+from __future__ import annotations
+
+from typing import List
+
+import pytest
+
+from harness.outcome.rank_record import RankRecord
+from harness.pytest_plugin.call import FunctionCall
+
+DEADLINE = pytest.StashKey[float]()  # when pytest-timeout fires (time.monotonic())
+RECORDS = pytest.StashKey[List[RankRecord]]()  # the ranks' records, for the output sections
+PROBLEM = pytest.StashKey[str]()  # a marked test that cannot run: the one-line reason
+CALL = pytest.StashKey[FunctionCall]()  # a marked test's call, once its fixtures are resolved
