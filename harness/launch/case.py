@@ -132,6 +132,10 @@ class RankedTestCase(TestCase):
             raise
         self.describe_run(setup)
 
+    def test_name(self) -> str:
+        """The test's name in what a rank reports about it (a leak): its method's."""
+        return self._testMethodName
+
     def rank_inputs(self) -> Any:
         """What every rank gets with the test (`RankContext.inputs`), picklable; None for a
         test class, whose ranks re-create everything from the class and method name."""

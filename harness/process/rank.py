@@ -224,12 +224,15 @@ def _run_shared_test(
     before = leaks.snapshot(checks, cls.pg)
     result = ReportingResult(channel, hold_success=True)
     rank_run = RankRun(spec, task.file_name, result, channel, task.inputs)
+    name = task.method
     try:
-        rank_run.run(cls(task.method))
+        case = cls(task.method)
+        rank_run.run(case)
+        name = case.test_name()
     except Exception:
         channel.send(failure_event(sys.exc_info()))
     found = leaks.leaks(before, leaks.snapshot(checks, cls.pg))
-    report = [leaks.leak_event(task.method, found)] if found else []
+    report = [leaks.leak_event(name, found)] if found else []
     channel.send([*result.held, *report, Event("done", count=rank_run.grid_points)])  # one message
     return result.passed and not found, bool(found)
 

@@ -136,6 +136,10 @@ def pytest_runtest_makereport(
     report = yield
     if call.when != "call":
         return report
+    if report.skipped and fixtures.RANKS in item.stash and isinstance(report.longrepr, tuple):
+        # A skip inside the ranks: pytest would point at the harness's raise; point at the test.
+        path, lineno, _ = item.reportinfo()
+        report.longrepr = (str(path), (lineno or 0) + 1, report.longrepr[2])
     lead = rank_report(call.excinfo.value) if call.excinfo is not None else None
     if lead is not None and report.failed:
         longrepr = report_layout.longrepr(item, lead)

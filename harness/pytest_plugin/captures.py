@@ -187,7 +187,7 @@ class WarningsRecorder:
 
     def __init__(self) -> None:
         self._catcher = warnings.catch_warnings(record=True)
-        self.list: List[warnings.WarningMessage] = self._catcher.__enter__() or []
+        self.list: List[warnings.WarningMessage] = self._catcher.__enter__()
         warnings.simplefilter("always")
 
     def __len__(self) -> int:

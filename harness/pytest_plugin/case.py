@@ -83,6 +83,9 @@ class FunctionCase(RankedTestCase):
     def __str__(self) -> str:
         return self.id()
 
+    def test_name(self) -> str:
+        return self.id().rpartition("::")[2]
+
     def checked_rank_settings(self) -> Tuple[int, float]:
         return devices.checked_rank_settings(self, self._requested_size)
 

@@ -108,7 +108,7 @@ def _classify(item: pytest.Function) -> None:
         item.add_marker(pytest.mark.skip(reason=reason))
 
 
-@pytest.hookimpl(wrapper=True, tryfirst=True)
+@pytest.hookimpl(wrapper=True, trylast=True)  # inside the other plugins' set-up wrappers
 def pytest_runtest_setup(item: pytest.Item) -> Any:
     problem = item.stash.get(stash.PROBLEM, None)
     if problem is not None:
