@@ -132,7 +132,7 @@ class RankedTestCase(TestCase):
             raise
         self.describe_run(setup)
 
-    def test_name(self) -> str:
+    def reported_name(self) -> str:
         """The test's name in what a rank reports about it (a leak): its method's."""
         return self._testMethodName
 

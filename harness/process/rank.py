@@ -228,7 +228,7 @@ def _run_shared_test(
     try:
         case = cls(task.method)
         rank_run.run(case)
-        name = case.test_name()
+        name = case.reported_name()
     except Exception:
         channel.send(failure_event(sys.exc_info()))
     found = leaks.leaks(before, leaks.snapshot(checks, cls.pg))

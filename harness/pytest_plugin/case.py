@@ -83,7 +83,7 @@ class FunctionCase(RankedTestCase):
     def __str__(self) -> str:
         return self.id()
 
-    def test_name(self) -> str:
+    def reported_name(self) -> str:
         return self.id().rpartition("::")[2]
 
     def checked_rank_settings(self) -> Tuple[int, float]:

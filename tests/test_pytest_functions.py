@@ -1,0 +1,257 @@
+"""harness/pytest_plugin/ (functions.py and the modules it drives): marked pytest functions,
+rank fixtures, rank_pool and DistributedTest, as a user runs them.
+
+One pytest subprocess runs tests/fixtures/ranked_functions.py (a user's file: every
+behaviour a test there) serially and one under pytest-xdist; each test here reads its part of
+those runs (a pytest start costs seconds): the outcome of each test id from the JUnit XML,
+the report text from the terminal output, and what the ranks left in $FUNCTIONS_OUT. Both runs
+must give every test the same outcome.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Tuple
+
+import pytest
+
+from tests.fixtures import REPO
+
+USER_FILE = REPO / "tests" / "fixtures" / "ranked_functions.py"
+
+EXPECTED = {
+    **{f"test_sum[ranks{n}-{s}]": "passed" for n in (2, 3) for s in ("1.0", "2.0")},
+    "test_rank1_fails": "failed",
+    "test_one_rank_fails_other_waits": "failed",
+    "test_hang": "failed",
+    "test_hang_under_pytest_timeout": "skipped",
+    "test_crash": "failed",
+    "test_skip_in_ranks": "skipped",
+    "test_size_zero": "error",
+    "test_bad_mode": "error",
+    "test_bad_option": "error",
+    "test_unsendable": "error",
+    "test_rank_without_marker": "error",
+    "test_lambda_param[lambda]": "passed",
+    "test_needs_cuda": "skipped",
+    "test_cuda_or_cpu": "passed",
+    "test_own_group": "passed",
+    "test_teardown_in_rank": "passed",
+    "test_paths": "passed",
+    "test_pytest_fixtures_act_in_rank": "passed",
+    "test_capfd_in_rank": "passed",
+    "test_threads": "passed",
+    "test_shared_first": "passed",
+    "test_shared_leaks": "failed",
+    "test_shared_after_leak": "passed",
+    "test_pool": "passed",
+    "test_pool_rank_fails": "failed",
+    "test_pool_local_function": "failed",
+    "TestDeepSpeedShape::test_each_size": "passed",
+    "TestDeepSpeedShape::test_marked_size": "passed",
+    "TestDeepSpeedReuse::test_a": "passed",
+    "TestDeepSpeedReuse::test_b": "passed",
+    "TestAlreadyRanked::test_x": "error",
+    "TestPlainClass::test_method": "passed",
+    "test_plain_still_plain": "passed",
+}
+
+
+class Run(NamedTuple):
+    outcomes: Dict[str, Tuple[str, str]]  # test id -> (outcome, message)
+    output: str
+    left: Dict[str, int]  # the files the ranks wrote into $FUNCTIONS_OUT: lines in each
+    tmp_entries: List[str]  # new harness-* entries in the temp dir after the run
+
+
+def _harness_temp(tmp: str) -> List[str]:
+    return sorted(name for name in os.listdir(tmp) if name.startswith(("harness", "pymp")))
+
+
+def _run(*args: str, plugin: Tuple[str, ...] = ("-p", "harness.pytest_plugin"),
+         launcher: Tuple[str, ...] = (sys.executable, "-m"), **env_extra: str) -> Run:
+    """pytest (`launcher` + pytest ARGS) on the user file in a fresh folder; what it gave."""
+    with tempfile.TemporaryDirectory() as work:
+        out, tmp = os.path.join(work, "out"), os.path.join(work, "tmp")
+        os.mkdir(out)
+        os.mkdir(tmp)
+        shutil.copy(USER_FILE, os.path.join(work, "test_user.py"))
+        xml = os.path.join(work, "report.xml")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "PYTEST_"))}
+        env.update(FUNCTIONS_OUT=out, TMPDIR=tmp, COLUMNS="200", PYTHONPATH=str(REPO),
+                   **env_extra)
+        done = subprocess.run(
+            [*launcher, "pytest", *plugin, "-p", "no:cacheprovider", "test_user.py", "-rA",
+             f"--junitxml={xml}", f"--basetemp={os.path.join(work, 'base')}", *args],
+            cwd=work, env=env, capture_output=True, text=True, timeout=900,
+        )
+        outcomes = {}
+        if os.path.exists(xml):
+            for case in ET.parse(xml).getroot().iter("testcase"):
+                outcomes[_test_id(case)] = _outcome(case)
+        left = {name: len(Path(out, name).read_text().splitlines()) for name in os.listdir(out)}
+        return Run(outcomes, done.stdout + done.stderr, left, _harness_temp(tmp))
+
+
+def _test_id(case: ET.Element) -> str:
+    cls = case.get("classname", "").rpartition(".")[2]
+    name = case.get("name", "")
+    return f"{cls}::{name}" if cls.startswith("Test") else name
+
+
+def _outcome(case: ET.Element) -> Tuple[str, str]:
+    kinds = [child for child in case if child.tag in ("failure", "error", "skipped")]
+    if not kinds:
+        return "passed", ""
+    outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[kinds[0].tag]
+    return outcome, kinds[0].get("message", "")
+
+
+@functools.lru_cache(maxsize=None)
+def serial_run() -> Run:
+    return _run()
+
+
+@functools.lru_cache(maxsize=None)
+def xdist_run() -> Run:
+    return _run("-n", "2")
+
+
+def section(output: str, test: str) -> str:
+    """The report pytest printed for one failing test."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("_") and f" {test} " in line)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(("__", "=="))),
+               len(lines))
+    return "\n".join(lines[start:end])
+
+
+def message(test: str) -> str:
+    return serial_run().outcomes[test][1]
+
+
+@pytest.mark.slow
+class TestOutcomes:
+    def test_every_test_has_its_outcome(self) -> None:
+        got = {test: outcome for test, (outcome, _) in serial_run().outcomes.items()}
+        assert got == EXPECTED, serial_run().output[-3000:]
+
+    def test_pytest_xdist_gives_the_same_outcomes(self) -> None:
+        got = {test: outcome for test, (outcome, _) in xdist_run().outcomes.items()}
+        assert got == EXPECTED, xdist_run().output[-3000:]
+
+    def test_nothing_is_left_behind(self) -> None:
+        assert serial_run().tmp_entries == []
+        assert xdist_run().tmp_entries == []
+
+
+@pytest.mark.slow
+class TestReports:
+    def test_a_failure_leads_with_the_rank_and_pytests_explanation(self) -> None:
+        output = serial_run().output
+        assert "FAILED test_user.py::test_rank1_fails - rank 1: AssertionError: assert 10 == 0" \
+            in output
+        text = section(output, "test_rank1_fails")
+        assert ">       assert value == 0" in text
+        assert "Captured stdout+stderr call (rank 1)" in output and "output of rank 1" in output
+
+    def test_one_rank_failing_does_not_deadlock_the_other(self) -> None:
+        assert message("test_one_rank_fails_other_waits").startswith(
+            "rank 1: ValueError: rank 1 gave up")
+
+    def test_a_hang_fails_its_test_with_the_hang_report_and_the_session_goes_on(self) -> None:
+        text = section(serial_run().output, "test_hang")
+        assert "timed out after 4 s" in message("test_hang")
+        assert "time.sleep(600)" in text  # where the hanging rank waits
+        assert serial_run().outcomes["test_crash"][0] == "failed"  # the next test ran
+
+    def test_a_crash_names_the_rank_and_signal(self) -> None:
+        assert message("test_crash").startswith("rank 1: died by signal SIGSEGV")
+
+    def test_skip_in_ranks_keeps_its_reason_and_the_tests_place(self) -> None:
+        assert "SKIPPED [1] test_user.py:" in serial_run().output
+        assert re.search(r"test_user\.py:\d+: skipped inside the ranks", serial_run().output)
+
+    def test_bad_input_is_one_line_naming_what_is_wrong(self) -> None:
+        assert "world size 0 is below 1" in message("test_size_zero")
+        assert "unknown mode 'bogus'" in message("test_bad_mode")
+        assert "unknown option 'colour'" in message("test_bad_option")
+        assert "fixture 'lock'" in message("test_unsendable")
+        assert "@harness.rank_fixture" in message("test_unsendable")
+        assert "@pytest.mark.ranks(N)" in message("test_rank_without_marker")
+        assert "already a multi-rank unittest class" in message("TestAlreadyRanked::test_x")
+        assert "not a module-level function" in message("test_pool_local_function")
+        for test in ("test_size_zero", "test_bad_mode", "test_unsendable"):
+            assert "Traceback" not in section(serial_run().output, test)
+
+    def test_cuda_skips_at_collection_with_what_is_missing(self) -> None:
+        if serial_run().outcomes["test_needs_cuda"][0] == "passed":
+            pytest.skip("this machine has 2 CUDA devices")
+        assert "needs 2 CUDA device(s), 0 available here" in serial_run().output
+
+    def test_pool_failure_names_the_rank(self) -> None:
+        assert message("test_pool_rank_fails").startswith(
+            "rank 1: AssertionError: pool rank disagrees")
+
+
+@pytest.mark.slow
+class TestRankFixtures:
+    def test_generator_teardown_runs_in_each_rank(self) -> None:
+        assert (serial_run().left.get("teardown0"), serial_run().left.get("teardown1")) == (1, 1)
+
+    def test_ranks_scope_lives_as_long_as_the_shared_set(self) -> None:
+        left = serial_run().left
+        # Built once per set of ranks: the leak retired the first set (killed: no teardown),
+        # so the third test's new set built it again, and finished it when the module ended.
+        assert (left.get("set_built0"), left.get("set_built1")) == (2, 2)
+        assert (left.get("set_finished0"), left.get("set_finished1")) == (1, 1)
+
+    def test_deepspeed_sizes_run_in_turn_and_reuse_shares_ranks(self) -> None:
+        left = set(serial_run().left)
+        assert {"size1_rank0", "size2_rank0", "size2_rank1"} <= left
+        assert {"reuse_a0", "reuse_a1", "reuse_b0", "reuse_b1"} <= left
+
+
+@pytest.mark.slow
+class TestPytestOptions:
+    """What a pytest user expects of the options around a run."""
+
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def timeout_run() -> Run:
+        return _run("--timeout", "10", "-x", "-k",
+                    "hang_under_pytest_timeout or sum or crash", WITH_PYTEST_TIMEOUT="1")
+
+    def test_pytest_timeout_shows_the_harness_hang_report(self) -> None:
+        outcome, text = self.timeout_run().outcomes["test_hang_under_pytest_timeout"]
+        assert outcome == "failed" and "timed out" in text, self.timeout_run().output[-2000:]
+        assert "Timeout (0:00:10)" not in self.timeout_run().output  # not pytest-timeout's
+
+    def test_k_selects_and_x_stops_at_the_first_failure(self) -> None:
+        ran = set(self.timeout_run().outcomes)
+        assert "test_hang_under_pytest_timeout" in ran and "test_rank1_fails" not in ran
+        assert "test_crash" not in ran  # after the first failure
+
+    def test_the_plugin_turned_off_leaves_plain_pytest(self) -> None:
+        run = _run("-k", "sum or plain_still", plugin=("-p", "no:harness.pytest_plugin"))
+        assert "INTERNALERROR" not in run.output
+        assert run.outcomes["test_plain_still_plain"][0] == "passed"
+        outcome, text = run.outcomes["test_sum[1.0]"]  # no `ranks` sizes in the id, no fixture
+        assert outcome == "error" and "fixture 'rank' not found" in text
+
+    def test_torchrun_runs_a_matching_size_in_process_and_skips_the_others(self) -> None:
+        run = _run("-k", "test_sum or test_threads", launcher=(
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            "2", "-m"))
+        got = {test: outcome for test, (outcome, _) in run.outcomes.items()}
+        assert got["test_sum[ranks2-1.0]"] == "passed", run.output[-3000:]
+        assert got["test_sum[ranks3-1.0]"] == "skipped"
+        assert "needs world size 3, torchrun launched 2 processes" in run.output
