@@ -175,6 +175,17 @@ class LayersTest(unittest.TestCase):
             inside = [m for m in MODULES if m.startswith(package + ".")]
             self.assertEqual(forbidden_imports(inside, bad), {}, package)
 
+    def test_the_pytest_side_sits_on_top_and_nothing_imports_it(self) -> None:
+        # The pytest side (plugin, marked functions, rank fixtures, pool, DeepSpeed's shape)
+        # drives the launch modes; no layer below reaches back up into it, and it needs
+        # neither the runner nor the kit.
+        side = "harness.pytest_plugin"
+        inside = [m for m in MODULES if m == side or m.startswith(side + ".")]
+        self.assertIn(f"{side}.functions", inside)
+        others = [m for m in MODULES if m not in inside]
+        self.assertEqual(forbidden_imports(others, (side,)), {})
+        self.assertEqual(forbidden_imports(inside, ("harness.runner", "harness.kit")), {})
+
     def test_outcome_imports_no_launch_mode_runner_or_kit(self) -> None:
         outcome = [m for m in MODULES if m == OUTCOME or m.startswith(OUTCOME + ".")]
         self.assertIn(f"{OUTCOME}.merge", outcome)
