@@ -56,8 +56,8 @@ def test_caplog_records_and_restores_levels() -> None:
 
 def test_recwarn_records_every_warning_and_pops_by_class() -> None:
     fixture = captures.make("recwarn")
-    warnings.warn("a", DeprecationWarning)
-    warnings.warn("b", UserWarning)
+    warnings.warn("a", DeprecationWarning, stacklevel=1)
+    warnings.warn("b", UserWarning, stacklevel=1)
     assert len(fixture) == 2
     assert str(fixture.pop(UserWarning).message) == "b"
     with pytest.raises(AssertionError, match="not found"):

@@ -115,12 +115,12 @@ def _outcome(case: ET.Element) -> Tuple[str, str]:
     return outcome, kinds[0].get("message", "")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def serial_run() -> Run:
     return _run()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def xdist_run() -> Run:
     return _run("-n", "2")
 
@@ -225,7 +225,7 @@ class TestPytestOptions:
     """What a pytest user expects of the options around a run."""
 
     @staticmethod
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def timeout_run() -> Run:
         return _run("--timeout", "10", "-x", "-k",
                     "hang_under_pytest_timeout or sum or crash", WITH_PYTEST_TIMEOUT="1")
