@@ -17,9 +17,10 @@ generated pytest file of N copies of it, run by `python -m pytest` side by side 
 
 A test's time is pytest's own (setup + call + teardown, from a --junitxml report). Per
 variant it prints the median per test without the first test, the first test's time (a
-pool's or shared set's start), the whole pytest process's wall time (interpreter, imports,
-collection and the harness's forkserver start, which the plugin keeps out of the tests'
-times, included) and that divided by N; medians over the rounds. Then the project's targets,
+pool's or shared set's start; the last test carries their stop, which the median absorbs),
+the whole pytest process's wall time (interpreter, imports, collection and the harness's
+forkserver start, which the plugin keeps out of the tests' times, included) and that divided
+by N; medians over the rounds. Then the project's targets,
 each PASS or FAIL: fresh at least 10x faster than pool_per_test, fresh within 1.2x of class,
 shared at most 10 ms a test. Exits 1 only when a variant's pytest run fails (its output's
 tail is printed), else 0. Everything is removed at the end: the generated files, pytest's

@@ -21,8 +21,8 @@ import pytest
 
 from harness import devices
 from harness.launch.case import RankedTestCase
-from harness.process import shared
-from harness.pytest_plugin import deepspeed, leases, stash
+from harness.process import forkserver, shared
+from harness.pytest_plugin import case, deepspeed, leases, stash
 from harness.pytest_plugin.call import (
     IN_RANK_BUILTINS,
     RANK_OWN,
@@ -84,6 +84,10 @@ def pytest_collection_modifyitems(items: list) -> None:
     for item in items:
         if isinstance(item, pytest.Function):
             _classify(item)
+    if any(item.stash.get(RANKS, None) is not None for item in items):
+        # What a rank needs to run a call, imported once in the forkserver (it starts with the
+        # first test) instead of in every rank of every test.
+        forkserver.preload(case.__name__)
 
 
 def _classify(item: pytest.Function) -> None:
