@@ -10,7 +10,7 @@ and compare it with what this machine should give.
 
 How:
 
-    python benchmarks/device_check.py                      # every check (about 1-3 min on a GPU)
+    python benchmarks/device_check.py                      # every check
     python benchmarks/device_check.py --only xdist_leases,harness_device_cpu
     python benchmarks/device_check.py --with-bench         # bench_parallel on < 8 cores too
     python benchmarks/device_check.py --rehearse           # no GPU: GPU checks on CPU/gloo
@@ -26,8 +26,9 @@ harness_device_cpu, run_all_device_cuda, bench_parallel (by default only with >=
 Everything is written under one tempfile.TemporaryDirectory (each command's TMPDIR too),
 removed on every exit; a command that leaves files in its TMPDIR or processes running after
 it exits fails its check. Rendezvous stay on loopback (file:// stores, GLOO/NCCL/TP socket
-interface `lo`). The whole run stops starting commands after `--budget-s` seconds (default
-285, so that it ends within 5 minutes); a check it could not run is a FAIL.
+interface `lo`). The run gives its commands `--budget-s` seconds in all (default 270, so
+that it ends within 5 minutes): a command still running then is stopped, a check that could
+not run is a FAIL.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -48,7 +50,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_MIN_CORES = 8
-DEFAULT_BUDGET_S = 285.0
+DEFAULT_BUDGET_S = 270.0  # + a killed command's grace (15 s): under 5 minutes
 MIN_COMMAND_S = 5.0  # a command is not started with less of the budget left
 PYTEST_TIMEOUT_S = 150.0
 RUN_ALL_TIMEOUT_S = 200.0
@@ -66,6 +68,7 @@ RUN_ALL_SELECTION = (
     "test_world_size_1_sharding_strategy_warning",
     "test_fsdp_cpu_training",
 )
+CLOSING = re.compile(r"^(\d+) passed, (\d+) failed, (\d+) skipped$", re.MULTILINE)
 # Variables that would change what the children do: the harness's knobs, pytest's, torchrun's.
 STRIP_PREFIXES = ("HARNESS_", "PYTEST_", "TORCHELASTIC_")
 STRIP_NAMES = (
@@ -328,10 +331,10 @@ def stop_group(proc: subprocess.Popen) -> None:
 class Context:
     """The run's settings, its temporary folder and its time budget."""
 
-    def __init__(self, root: str, budget_s: float, gpus: int, smi_gpus: int, rehearse: bool,
-                 with_bench: bool) -> None:
+    def __init__(self, root: str, began: float, budget_s: float, gpus: int, smi_gpus: int,
+                 rehearse: bool, with_bench: bool) -> None:
         self.root = root
-        self.deadline = time.monotonic() + budget_s
+        self.deadline = began + budget_s
         self.budget_s = budget_s
         self.gpus = gpus  # CUDA devices torch can use
         self.smi_gpus = smi_gpus  # GPUs nvidia-smi lists
@@ -568,6 +571,29 @@ def check_cuda_classes(ctx: Context) -> Result:
     return result
 
 
+Record = Tuple[float, float, int, int, str]  # start, end, device, pid, xdist worker
+
+
+def overlaps(records: Sequence[Record]) -> List[str]:
+    """Each time a test started on a device before the previous one there had ended."""
+    found = []
+    per_device: Dict[int, List[Record]] = {}
+    for record in records:
+        per_device.setdefault(record[2], []).append(record)
+    for device, held in sorted(per_device.items()):
+        held.sort()
+        latest = held[0]  # of the tests started so far, the one that ended last
+        for after in held[1:]:
+            if after[0] < latest[1]:
+                found.append(
+                    f"cuda:{device}: pid {after[3]} ({after[4]}) started {latest[1] - after[0]:.2f}"
+                    f" s before pid {latest[3]} ({latest[4]}) ended"
+                )
+            if after[1] > latest[1]:
+                latest = after
+    return found
+
+
 def check_xdist_leases(ctx: Context) -> Result:
     if importlib.util.find_spec("xdist") is None:
         return Result("SKIP", "pytest-xdist is not installed (pip install pytest-xdist)")
@@ -578,11 +604,18 @@ def check_xdist_leases(ctx: Context) -> Result:
     proc, outcomes, _ = pytest_run(ctx, {"test_dc_xdist.py": source}, ["-n", "4"])
     expected: Expected = {f"test_lease[{i}]": ("passed", "") for i in range(8)}
     problems = compare(outcomes, expected)
-    records = []
+    stopped = failed_command("pytest -n 4", proc)
+    if stopped:
+        return stopped
+    records: List[Record] = []
     for entry in sorted(os.listdir(shared)):
         with open(os.path.join(shared, entry)) as f:
-            start, end, device, pid, worker = f.read().split()
-        records.append((float(start), float(end), int(device), int(pid), worker))
+            text = f.read()
+        try:
+            start, end, device, pid, worker = text.split()
+            records.append((float(start), float(end), int(device), int(pid), worker))
+        except ValueError:
+            problems.append(f"record {entry} unreadable: {text!r}")
     if len(records) != 8:
         problems.append(f"{len(records)} of 8 tests wrote their record")
     workers = sorted({r[4] for r in records})
@@ -591,17 +624,10 @@ def check_xdist_leases(ctx: Context) -> Result:
         summary = (f"cpu only (no lease to check): 8 passed with -n 4 on {len(workers)} "
                    f"worker(s) [{proc.wall:.1f} s]")
         return verdict("pytest -n 4", proc, problems, summary)
-    per_device: Dict[int, List[Tuple[float, float, int, int, str]]] = {}
+    per_device: Dict[int, List[Record]] = {}
     for record in records:
         per_device.setdefault(record[2], []).append(record)
-    for device, held in sorted(per_device.items()):
-        held.sort()
-        for before, after in zip(held, held[1:]):
-            if after[0] < before[1]:
-                problems.append(
-                    f"cuda:{device}: pid {after[3]} ({after[4]}) started {before[1] - after[0]:.2f}"
-                    f" s before pid {before[3]} ({before[4]}) ended"
-                )
+    problems.extend(overlaps(records))
     if len(workers) < 2:
         problems.append(f"only worker(s) {workers} ran tests: no two tests competed for a device")
     uses = ", ".join(f"cuda:{d} {len(h)} tests" for d, h in sorted(per_device.items()))
@@ -628,11 +654,10 @@ def check_run_all_device_cuda(ctx: Context) -> Result:
     selection = [arg for name in RUN_ALL_SELECTION for arg in ("-k", name)]
     command = [sys.executable, "run_all.py", "test_misc", "--device", device, *selection]
     proc = ctx.run(command, ROOT, RUN_ALL_TIMEOUT_S)
-    lines = proc.output.strip().splitlines()
-    closing = lines[-1] if lines else "(no output)"
+    closings = list(CLOSING.finditer(proc.output))
+    closing = closings[-1].group(0) if closings else "(no closing line)"
     problems = []
-    counts = closing.split(",")[0].split()
-    if proc.rc == 0 and not (counts and counts[0].isdigit() and int(counts[0]) > 0):
+    if proc.rc == 0 and not (closings and int(closings[-1].group(1)) > 0):
         problems.append(f"no test passed: {closing}")
     what = f"run_all.py --device {device} -k ({len(RUN_ALL_SELECTION)} names)"
     note = "" if device == "cuda" else " (no CUDA device: cpu smoke run)"
@@ -647,7 +672,8 @@ def check_bench_parallel(ctx: Context) -> Result:
     command = [sys.executable, "benchmarks/bench_parallel.py", "--rounds", "1", "--skip-suites"]
     proc = ctx.run(command, ROOT, BENCH_TIMEOUT_S)
     lines = proc.output.rstrip().splitlines()
-    summary = f"bench_parallel.py --rounds 1 --skip-suites on {cores} cores [{proc.wall:.1f} s]"
+    summary = (f"bench_parallel.py --rounds 1 --skip-suites on {cores} cores, {ctx.gpus} CUDA "
+               f"device(s) [{proc.wall:.1f} s]")
     return verdict("bench_parallel.py", proc, [], summary, lines)
 
 
@@ -674,7 +700,8 @@ def visible_gpus() -> Tuple[int, int, str]:
         try:
             done = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"],
                                   capture_output=True, text=True, timeout=30)
-            names = [n.strip() for n in done.stdout.splitlines() if n.strip()]
+            if done.returncode == 0:
+                names = [n.strip() for n in done.stdout.splitlines() if n.strip()]
         except (OSError, subprocess.SubprocessError):
             names = []
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
@@ -693,7 +720,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="without a CUDA device, run the GPU checks on CPU with gloo "
                         "(tests this script, not the GPU paths)")
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
-                        help="start no command after this many seconds (default %(default)s)")
+                        help="seconds for all the commands; one still running then is stopped "
+                        "(default %(default)s)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(CHECKS)
     unknown = [n for n in names if n not in CHECKS]
@@ -708,16 +736,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     began = time.monotonic()
     gpus, smi_gpus, machine = visible_gpus()
     cores = len(os.sched_getaffinity(0))
-    print(f"device check: {machine}; {cores} cores; python {sys.version.split()[0]}", flush=True)
+    print(f"machine: {machine}; {cores} cores; python {sys.version.split()[0]}", flush=True)
     counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
     with tempfile.TemporaryDirectory(prefix="device-check-") as root:
-        ctx = Context(root, args.budget_s, gpus, smi_gpus, args.rehearse, args.with_bench)
+        ctx = Context(root, began, args.budget_s, gpus, smi_gpus, args.rehearse,
+                      args.with_bench)
         for name in names:
             try:
                 result = CHECKS[name](ctx)
             except (OSError, ValueError, subprocess.SubprocessError) as error:
                 result = Result("FAIL", f"the check itself failed: {type(error).__name__}: "
                                         f"{error}")
+            except KeyboardInterrupt:  # its command is stopped already; the folder goes next
+                print(f"interrupted during {name}", flush=True)
+                return 130
             counts[result.status] += 1
             print(f"{result.status} {name}: {result.detail}", flush=True)
             for line in result.lines:

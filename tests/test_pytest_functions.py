@@ -49,10 +49,16 @@ EXPECTED = {
     "test_pytest_fixtures_act_in_rank": "passed",
     "test_capfd_in_rank": "passed",
     "test_threads": "passed",
+    "test_threads_rank_fails": "failed",
+    "test_xfail": "skipped",
+    "test_request_is_refused": "error",
     "test_shared_first": "passed",
     "test_shared_leaks": "failed",
     "test_shared_after_leak": "passed",
+    "test_shared_fails": "failed",
+    "test_shared_after_failure": "passed",
     "test_pool": "passed",
+    "test_pool_in_threads_and_fresh": "passed",
     "test_pool_rank_fails": "failed",
     "test_pool_local_function": "failed",
     "TestDeepSpeedShape::test_each_size": "passed",
@@ -68,7 +74,7 @@ EXPECTED = {
 class Run(NamedTuple):
     outcomes: Dict[str, Tuple[str, str]]  # test id -> (outcome, message)
     output: str
-    left: Dict[str, int]  # the files the ranks wrote into $FUNCTIONS_OUT: lines in each
+    left: Dict[str, List[str]]  # the notes the ranks wrote into $FUNCTIONS_OUT: a pid a line
     tmp_entries: List[str]  # new harness-* entries in the temp dir after the run
 
 
@@ -97,7 +103,7 @@ def _run(*args: str, plugin: Tuple[str, ...] = ("-p", "harness.pytest_plugin"),
         if os.path.exists(xml):
             for case in ET.parse(xml).getroot().iter("testcase"):
                 outcomes[_test_id(case)] = _outcome(case)
-        left = {name: len(Path(out, name).read_text().splitlines()) for name in os.listdir(out)}
+        left = {name: Path(out, name).read_text().splitlines() for name in os.listdir(out)}
         return Run(outcomes, done.stdout + done.stderr, left, _harness_temp(tmp))
 
 
@@ -198,6 +204,14 @@ class TestReports:
             pytest.skip("this machine has 2 CUDA devices")
         assert "needs 2 CUDA device(s), 0 available here" in serial_run().output
 
+    def test_thread_ranks_report_as_process_ranks(self) -> None:
+        assert message("test_threads_rank_fails").startswith("rank 0: KeyError: 'thread rank 0'")
+
+    def test_xfail_and_request(self) -> None:
+        assert "XFAIL test_user.py::test_xfail - known to fail on rank 1" in serial_run().output
+        assert "fixture 'request' belongs to the pytest process" in message(
+            "test_request_is_refused")
+
     def test_pool_failure_names_the_rank(self) -> None:
         assert message("test_pool_rank_fails").startswith(
             "rank 1: AssertionError: pool rank disagrees")
@@ -206,14 +220,19 @@ class TestReports:
 @pytest.mark.slow
 class TestRankFixtures:
     def test_generator_teardown_runs_in_each_rank(self) -> None:
-        assert (serial_run().left.get("teardown0"), serial_run().left.get("teardown1")) == (1, 1)
+        assert [len(serial_run().left[f"teardown{rank}"]) for rank in (0, 1)] == [1, 1]
 
     def test_ranks_scope_lives_as_long_as_the_shared_set(self) -> None:
         left = serial_run().left
-        # Built once per set of ranks: the leak retired the first set (killed: no teardown),
-        # so the third test's new set built it again, and finished it when the module ended.
-        assert (left.get("set_built0"), left.get("set_built1")) == (2, 2)
-        assert (left.get("set_finished0"), left.get("set_finished1")) == (1, 1)
+        # Built once per set of ranks. The leak retired the first set (killed: no teardown);
+        # the second ended after a failed test (its ranks finished the set); the third when
+        # the module's tests were done.
+        assert [len(left[f"set_built{rank}"]) for rank in (0, 1)] == [3, 3]
+        assert [len(left[f"set_finished{rank}"]) for rank in (0, 1)] == [2, 2]
+
+    def test_shared_ranks_are_replaced_after_a_failure(self) -> None:
+        pids = serial_run().left["failed_in0"]
+        assert len(pids) == 2 and pids[0] != pids[1]
 
     def test_deepspeed_sizes_run_in_turn_and_reuse_shares_ranks(self) -> None:
         left = set(serial_run().left)

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from harness import devices
 from harness.launch.case import RankedTestCase
 from harness.outcome.rank_record import RankRecord
+from harness.process import shared
 from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
 from harness.pytest_plugin.call import FunctionCall
@@ -51,6 +52,7 @@ class SharedKey:
     devices: Tuple[int, ...]
     backend: str
     init: bool
+    pool: bool = False  # rank_pool's sets are its own: they live for the session
 
 
 class FunctionCase(RankedTestCase):
@@ -239,4 +241,8 @@ def run_in_ranks(
     case.deadline = deadline
     outcome = _Outcome()
     case.run(outcome)
+    if outcome.problem is not None and shared_key is not None:
+        # A test that failed on shared ranks may have left them in any state: the next test
+        # gets new ones (crashes, hangs and leaks already retire a set).
+        shared.OPEN_RANKS.stop(shared_key)
     return RanksRun(outcome.problem, outcome.skip, list(case.rank_records))

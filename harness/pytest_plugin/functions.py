@@ -153,6 +153,11 @@ def build_call(item: pytest.Function, ranks: Ranks) -> FunctionCall:
         name = todo.pop(0)
         if name in values or name in marked or name in refs or name in IN_RANK_BUILTINS:
             continue
+        if name == "request":
+            raise CallError(
+                "fixture 'request' belongs to the pytest process and cannot reach the ranks: "
+                "ask for the fixtures you need by name (or use @harness.rank_fixture)"
+            )
         value = funcargs.get(name)
         if name in RANK_OWN:
             base = value.base if isinstance(value, InRank) and value.base else base
@@ -222,4 +227,5 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]) 
     if nextitem is None or getattr(nextitem, "module", None) is not module:
         shared.OPEN_RANKS.stop_where(
             lambda key: isinstance(key, SharedKey) and key.module == module.__name__
+            and not key.pool
         )

@@ -68,7 +68,7 @@ class RankPool:
             with leases.lease(where.device_type, world_size, accelerators) as held:
                 placed = dataclasses.replace(call, device_type=where.device_type, devices=held)
                 key = SharedKey(fn.__module__, world_size, where.device_type, held,
-                                where.backend, init)
+                                where.backend, init, pool=True)
                 run = run_in_ranks(placed, mode, world_size, timeout,
                                    self._node.stash.get(stash.DEADLINE, None), key)
             self._node.stash.setdefault(stash.RECORDS, []).extend(run.records)
