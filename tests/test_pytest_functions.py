@@ -275,3 +275,42 @@ class TestPytestOptions:
         assert got["test_sum[ranks2-1.0]"] == "passed", run.output[-3000:]
         assert got["test_sum[ranks3-1.0]"] == "skipped"
         assert "needs world size 3, torchrun launched 2 processes" in run.output
+
+
+CONFTEST = """
+import torch
+from harness import rank_fixture
+
+@rank_fixture
+def weights(device, rank):
+    return torch.ones(2, device=device) * rank
+"""
+
+TEST_FILE = """
+import pytest, torch.distributed as dist
+
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("scale", [2.0])
+def test_weights(weights, scale):
+    dist.all_reduce(weights)
+    assert (weights * scale).tolist() == [2.0, 2.0]
+"""
+
+
+@pytest.mark.slow
+def test_a_conftest_rank_fixture_under_import_mode_importlib(tmp_path: Path) -> None:
+    """The ranks find a module pytest imported from its file (not importable by name)."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "conftest.py").write_text(CONFTEST)
+    (tests / "test_weights.py").write_text(TEST_FILE)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "PYTEST_"))}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
+         "-q", "--import-mode=importlib", str(tests)],
+        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert "1 passed" in done.stdout, done.stdout[-2000:]

@@ -12,9 +12,12 @@ value travels by value; one that cannot is a one-line error naming the fixture.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import sys
 from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
+from types import ModuleType
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import pytest
@@ -39,6 +42,7 @@ class FixtureRef:
     name: str
     scope: str
     argnames: Tuple[str, ...]
+    path: Optional[str] = None  # the module's file, where its name cannot be imported
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class FunctionCall:
     module: str
     qualname: str  # `test_x`, or `TestX.test_x` for a method (a fresh instance per test)
     argnames: Tuple[str, ...]  # the test's parameters, in order
+    module_path: Optional[str] = None  # the module's file, where its name cannot be imported
     values: Dict[str, Any] = field(default_factory=dict)  # fixtures resolved in the parent
     marked: Dict[str, int] = field(default_factory=dict)  # parametrize args: name -> index
     rank_fixtures: Dict[str, FixtureRef] = field(default_factory=dict)
@@ -70,9 +75,29 @@ def result_path(result_dir: str, rank: int) -> str:
     return os.path.join(result_dir, f"rank{rank}.pkl")
 
 
-def find_target(module: str, qualname: str) -> Any:
+def import_module(name: str, path: Optional[str] = None) -> ModuleType:
+    """Module `name`, imported by name; where that fails (pytest's --import-mode=importlib
+    keeps test folders off sys.path), loaded from `path` under that name, as pytest did."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError:
+        if name in sys.modules or not path or not os.path.exists(path):
+            raise
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def find_target(module: str, qualname: str, path: Optional[str] = None) -> Any:
     """The test function (or `Class.method`, as a bound method of a new instance)."""
-    owner: Any = importlib.import_module(module)
+    owner: Any = import_module(module, path)
     parts = qualname.split(".")
     for part in parts[:-1]:
         owner = getattr(owner, part)
@@ -86,10 +111,12 @@ def _marks(obj: Any) -> Iterator[Any]:
     yield from marks if isinstance(marks, list) else [marks]
 
 
-def marked_param(module: str, qualname: str, name: str, index: int) -> Tuple[bool, Any]:
+def marked_param(
+    module: str, qualname: str, name: str, index: int, path: Optional[str] = None
+) -> Tuple[bool, Any]:
     """(True, value) of argument `name` at `index` of the `pytest.mark.parametrize` that
     declares it (on the function, its class or its module); (False, None) if none does."""
-    target: Any = importlib.import_module(module)
+    target: Any = import_module(module, path)
     owners = [target]
     for part in qualname.split("."):
         target = getattr(target, part, None)

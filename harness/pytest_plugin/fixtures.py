@@ -12,13 +12,12 @@ not ranked, these fixtures are an error naming the marker.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union, overload
 
 import pytest
 
-from harness.pytest_plugin.call import RANK_SCOPES, FixtureRef
+from harness.pytest_plugin.call import RANK_SCOPES, FixtureRef, import_module
 from harness.pytest_plugin.marker import Ranks
 
 RANKS = pytest.StashKey[Ranks]()  # a ranked test item's request (set at collection)
@@ -132,7 +131,7 @@ def rank_fixture(
             )
         argnames = tuple(inspect.signature(fn).parameters)
         _FUNCTIONS[(fn.__module__, fixture_name)] = fn
-        ref = FixtureRef(fn.__module__, fixture_name, scope, argnames)
+        ref = FixtureRef(fn.__module__, fixture_name, scope, argnames, fn.__code__.co_filename)
 
         @functools.wraps(fn)
         def in_pytest_process(*args: Any, **kwargs: Any) -> FixtureRef:
@@ -143,9 +142,9 @@ def rank_fixture(
     return decorate if function is None else decorate(function)
 
 
-def rank_fixture_function(module: str, name: str) -> Callable[..., Any]:
-    """In a rank: the function of rank fixture `name`, defined in `module`."""
-    importlib.import_module(module)
+def rank_fixture_function(module: str, name: str, path: Optional[str] = None) -> Callable[..., Any]:
+    """In a rank: the function of rank fixture `name`, defined in `module` (file `path`)."""
+    import_module(module, path)
     try:
         return _FUNCTIONS[(module, name)]
     except KeyError:

@@ -143,6 +143,7 @@ def build_call(item: pytest.Function, ranks: Ranks) -> FunctionCall:
     params = callspec.params if callspec is not None else {}
     indices = callspec.indices if callspec is not None else {}
     module, qualname = item.module.__name__, _qualname(item)
+    path = getattr(item.module, "__file__", None)
     argnames = _argnames(item.obj)
     values: Dict[str, Any] = {}
     marked: Dict[str, int] = {}
@@ -167,7 +168,7 @@ def build_call(item: pytest.Function, ranks: Ranks) -> FunctionCall:
             todo.extend(value.argnames)
             continue
         if name in params and params[name] is value and name in indices:
-            found, marker_value = marked_param(module, qualname, name, indices[name])
+            found, marker_value = marked_param(module, qualname, name, indices[name], path)
             if found and marker_value is value:
                 marked[name] = indices[name]
                 continue
@@ -178,7 +179,8 @@ def build_call(item: pytest.Function, ranks: Ranks) -> FunctionCall:
         values[name] = value
     timeout = ranks.timeout or devices.default_timeout()
     return FunctionCall(
-        test_id=item.nodeid, module=module, qualname=qualname, argnames=argnames,
+        test_id=item.nodeid, module=module, qualname=qualname, module_path=path,
+        argnames=argnames,
         values=values, marked=marked, rank_fixtures=refs, init=ranks.init,
         group_timeout=timeout + GROUP_TIMEOUT_MARGIN_S, rank_tmp_base=base,
         sizes=ranks.sizes,

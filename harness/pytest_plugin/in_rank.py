@@ -95,7 +95,9 @@ class Arguments:
         if name in call.rank_fixtures:
             return self._rank_fixture(call.rank_fixtures[name])
         if name in call.marked:
-            found, value = marked_param(call.module, call.qualname, name, call.marked[name])
+            found, value = marked_param(
+                call.module, call.qualname, name, call.marked[name], call.module_path
+            )
             if found:
                 return value
         if name in call.values:
@@ -133,7 +135,7 @@ class Arguments:
         key = (ref.module, ref.name)
         if scoped and key in RANKS_SCOPE.values:
             return RANKS_SCOPE.values[key]
-        function = rank_fixture_function(ref.module, ref.name)
+        function = rank_fixture_function(ref.module, ref.name, ref.path)
         kwargs = {arg: self.value(arg, ref.name) for arg in ref.argnames}
         value = function(**kwargs)
         if inspect.isgenerator(value):
@@ -159,7 +161,7 @@ def call_in_rank(
     keep_ranks_scope: bool = False,
 ) -> None:
     """Build the test's arguments in this rank, call the test, tear the arguments down."""
-    target = find_target(call.module, call.qualname)
+    target = find_target(call.module, call.qualname, call.module_path)
     if isinstance(getattr(target, "__self__", None), DistributedTest):
         target.__self__.world_size = world_size  # this size, of a class that lists several
     if call.pool_args is not None:

@@ -60,6 +60,7 @@ class RankPool:
         try:
             call = FunctionCall(
                 test_id=self._node.nodeid, module=fn.__module__, qualname=fn.__qualname__,
+                module_path=fn.__code__.co_filename,
                 argnames=(), values=dict(kwargs), init=init,
                 group_timeout=(timeout or devices.default_timeout()) + GROUP_TIMEOUT_MARGIN_S,
                 pool_args=tuple(args), result_dir=result_dir, backend=where.backend,
