@@ -76,13 +76,21 @@ def result_path(result_dir: str, rank: int) -> str:
 
 
 def import_module(name: str, path: Optional[str] = None) -> ModuleType:
-    """Module `name`, imported by name; where that fails (pytest's --import-mode=importlib
-    keeps test folders off sys.path), loaded from `path` under that name, as pytest did."""
+    """Module `name` from file `path`: imported by name, unless that fails or finds another
+    file (pytest's --import-mode=importlib keeps test folders off sys.path, where a `tests`
+    package of another project may answer to the name); then loaded from `path` under that
+    name, as pytest loaded it."""
     try:
-        return importlib.import_module(name)
+        module = importlib.import_module(name)
     except ModuleNotFoundError:
-        if name in sys.modules or not path or not os.path.exists(path):
+        if not path or not os.path.exists(path):
             raise
+    else:
+        found = getattr(module, "__file__", None)
+        if not path or not os.path.exists(path) or (
+            found and os.path.realpath(found) == os.path.realpath(path)
+        ):
+            return module
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
