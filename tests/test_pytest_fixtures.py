@@ -32,7 +32,7 @@ def test_the_pytest_process_holds_a_reference_with_the_fixtures_arguments() -> N
     ref = getattr(definition, "_get_wrapped_function", lambda: None)()
     if ref is None:
         pytest.skip("this pytest wraps fixtures differently")
-    assert ref() == FixtureRef(HELPERS, "doubled", "function", ("rank",))
+    assert ref() == FixtureRef(HELPERS, "doubled", "function", ("rank",), ranked_helpers.__file__)
 
 
 def test_bad_scope_and_local_functions_are_one_line_errors() -> None:
