@@ -119,12 +119,16 @@ class FunctionCase(RankedTestCase):
             torch.get_device_module(call.device_type).set_device(call.devices[self.rank])
 
     def init_group(self, **rendezvous: Any) -> None:
-        """The default group of this call's backend (its timeout beyond the test's own)."""
+        """The default group of this call's backend (its timeout beyond the test's own), then
+        a barrier: gloo's connections are made in the background of init, and a rank whose
+        test ends at once (a skip, a test without a collective) would otherwise exit while a
+        peer still connects to it, failing that peer ("Connection closed by peer")."""
         call = self.rank_call()
         dist.init_process_group(
             call.backend, rank=self.rank, world_size=self.world_size,
             timeout=datetime.timedelta(seconds=call.group_timeout), **rendezvous,
         )
+        dist.barrier()
 
 
 class FreshFunction(FunctionCase, MultiProcessTestCase):
