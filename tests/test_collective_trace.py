@@ -146,6 +146,7 @@ HANG_SUITE = textwrap.dedent('''
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(240)  # a limit of its own: a harness that never times out fails here
 class HangReportTest(unittest.TestCase):
     """A deliberate mismatch (rank 0 all_reduce, rank 1 broadcast) in both modes."""
 
@@ -171,7 +172,7 @@ class HangReportTest(unittest.TestCase):
 
     def test_processes_mismatch_hangs_and_names_both_collectives(self):
         # FSDPTest's setUp barrier is #1 of the default group, the first all_reduce #2.
-        report = self.report_of("test_mismatch (__main__.TestProcesses.test_mismatch)")
+        report = self.report_of("test_mismatch (__main__.TestProcesses.test_mismatch)", "ERROR")
         self.assertIn("timed out after 8 s", report)
         self.assertIn(
             "ranks disagree: rank 0 waits in all_reduce #3 of the default group (float32[4]), "
@@ -193,8 +194,8 @@ class HangReportTest(unittest.TestCase):
     def test_a_rank_outside_any_collective_is_named(self):
         for test in ("TestProcesses", "TestThreads"):
             with self.subTest(test):
-                report = self.report_of(
-                    f"test_one_rank_elsewhere (__main__.{test}.test_one_rank_elsewhere)"
+                report = self.report_of(  # a timeout is an error, as upstream's
+                    f"test_one_rank_elsewhere (__main__.{test}.test_one_rank_elsewhere)", "ERROR"
                 )
                 self.assertIn("timed out after 8 s", report)
                 self.assertIn(

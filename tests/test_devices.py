@@ -323,17 +323,15 @@ ENV_TIMEOUT_PROBE = textwrap.dedent('''
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(240)  # a limit of its own: a harness that never times out fails here
 class UpstreamTimeoutsTest(unittest.TestCase):
-    """Upstream's timeout knobs, the same probes under torch's installed harness and this one.
-    A timed-out test is an error upstream and a failure here (DESIGN.md: `timed out` is a
-    failure), so what is compared is whether each test passed."""
+    """Upstream's timeout knobs, the same probes under torch's installed harness and this one:
+    the same outcome for every test (a timed-out test is an error in both)."""
 
     def compare(self, probe: str, names: dict, env: dict) -> dict:
         theirs = upstream_diff.outcomes(probe, names, upstream=True, env=env)
         ours = upstream_diff.outcomes(probe, names, upstream=False, env=env)
-        self.assertEqual(set(theirs), set(ours))
-        self.assertEqual({test_id: outcome == "passed" for test_id, outcome in theirs.items()},
-                         {test_id: outcome == "passed" for test_id, outcome in ours.items()})
+        self.assertEqual(theirs, ours)
         return ours
 
     def test_timeout_override_and_a_continuous_classs_group_timeout(self) -> None:
@@ -343,10 +341,10 @@ class UpstreamTimeoutsTest(unittest.TestCase):
             "common_utils": ["run_tests"],
         }
         ours = self.compare(TIMEOUT_PROBE, names, {})
-        self.assertEqual(ours["Processes.test_cut_short"], "failed")
+        self.assertEqual(ours["Processes.test_cut_short"], "error")
         self.assertEqual(ours["Continuous.test_outlives_the_group_timeout"], "passed")
 
     def test_distributed_tests_default_timeout(self) -> None:
         names = {"common_distributed": ["MultiThreadedTestCase"], "common_utils": ["run_tests"]}
         ours = self.compare(ENV_TIMEOUT_PROBE, names, {"DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": "3"})
-        self.assertEqual(ours, {"Threads.test_quick": "passed", "Threads.test_too_long": "failed"})
+        self.assertEqual(ours, {"Threads.test_quick": "passed", "Threads.test_too_long": "error"})

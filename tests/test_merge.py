@@ -133,7 +133,7 @@ class Decide(unittest.TestCase):
             RankRecord(rank=2, stopped=True, exitcode=-9),
         ]
         verdict = decide(records, 2.5)
-        self.assertEqual(verdict.own.status, "failed")
+        self.assertEqual(verdict.own.status, "error")  # as upstream's timeouts
         self.assertEqual(
             verdict.own.detail,
             "timed out after 2.5 s with rank 1, rank 2 still running\n\n"

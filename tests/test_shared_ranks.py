@@ -127,8 +127,9 @@ class TestSharedOutcomes(SharedCaseTest):
         self.assertIn("in sleep_a_long_time", message)
         self.assertNotIn("timed out", message)
 
+    @pytest.mark.timeout(90)  # a limit of its own: a harness that never times out fails here
     def test_hang_shows_every_stack_and_collective(self) -> None:
-        message = self.failure_of("SharedHang")
+        message = self.failure_of("SharedHang", "error")  # a timeout is an error
         self.assertIn("timed out after 8 s with rank 0, rank 1 still running", message)
         self.assertIn("Collectives of each rank", message)
         for rank in (0, 1):
