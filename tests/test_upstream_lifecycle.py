@@ -105,6 +105,33 @@ class TestLifecycle(MultiProcessTestCase):
             raise ValueError("boom")
 
 
+class TestRendezvousFileLifetime(MultiProcessTestCase):
+    # Upstream leaves the rendezvous file to the test: its tearDown may remove it unguarded,
+    # and cleanups may still read what the ranks left beside it.
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+        self.addCleanup(self._read_what_rank_0_left)
+
+    def tearDown(self):
+        super().tearDown()
+        os.remove(self.file_name)
+
+    def _read_what_rank_0_left(self):
+        with open(self.file_name + ".note") as f:
+            assert f.read() == "rank 0 was here"
+        os.remove(self.file_name + ".note")
+
+    def test_file_outlives_the_ranks(self):
+        if self.rank == 0:
+            with open(self.file_name + ".note", "w") as f:
+                f.write("rank 0 was here")
+
+
 class TestOwnReturnCodeCheck(MultiProcessTestCase):
     @property
     def world_size(self):
@@ -226,6 +253,7 @@ EXPECTED = {
     "TestLifecycle.test_exit_code_unchecked": "pass",
     "TestLifecycle.test_assertion_in_a_rank": "fail",  # upstream: error (see the docstring)
     "TestLifecycle.test_error_in_a_rank": "error",
+    "TestRendezvousFileLifetime.test_file_outlives_the_ranks": "pass",
     "TestOwnReturnCodeCheck.test_rank_1_fails_on_purpose": "pass",
     "TestThreadHooks.test_a_hooks": "pass",
     "TestThreadHooksAfter.test_b_nothing_leaked": "pass",

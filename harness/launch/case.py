@@ -124,7 +124,9 @@ class RankedTestCase(TestCase):
             self._fix_rank_settings()
         launcher = self.make_launcher()
         self._launcher = launcher
-        self.addCleanup(launcher.close)  # also when a subclass's setUp fails after this
+        # Also when a subclass's setUp fails after this; after the test's tearDown and the
+        # cleanups it added later (they may still read `self.file_name`, as upstream's do).
+        self.addCleanup(launcher.close)
         try:
             setup = launcher.start(self)
         except BaseException:
@@ -154,8 +156,10 @@ class RankedTestCase(TestCase):
         self._meet_deadline()
         try:
             records, timed_out_after = launcher.join(self)
-        finally:  # on KeyboardInterrupt too: nothing a test started outlives it
+        except BaseException:  # KeyboardInterrupt too: nothing a test started outlives it
             launcher.close()
+            raise
+        launcher.finish()  # the rest (the rendezvous file) goes after tearDown and cleanups
         self.rank_records = records
         self.ranks_timed_out_after = timed_out_after
         self._judge_ranks()
@@ -169,9 +173,19 @@ class RankedTestCase(TestCase):
     def report_outcome(self, report: TestReport) -> None:
         """The supervisor's last step: hand the test's report to the run's result when it
         takes one (`add_report`: the harness's reporters read that), then replay it into
-        unittest's API (what plain unittest runners and pytest see)."""
-        hand_report(self._result, self, report)
+        unittest's API (what plain unittest runners and pytest see).
+
+        A test expected to fail (`unittest.expectedFailure`, pytest's `xfail` mark under the
+        harness's runners) is judged by unittest from the replay alone: the failure it expects
+        is then no failure of the run."""
+        if not self._expecting_failure():
+            hand_report(self._result, self, report)
         replay(self, report)
+
+    def _expecting_failure(self) -> bool:
+        method = getattr(self, self._testMethodName, None)
+        return bool(getattr(method, "__unittest_expecting_failure__", False)
+                    or getattr(self, "__unittest_expecting_failure__", False))
 
     def _meet_deadline(self) -> None:
         """Cap the timeout so that the ranks are stopped and reported before `deadline`."""

@@ -44,3 +44,10 @@ class Launcher(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Stop whatever still runs and remove what the ranks wrote; safe to call twice."""
+
+    def finish(self) -> None:
+        """After `join`: stop whatever still runs, but keep what the test may still read (its
+        rendezvous file, which upstream leaves to the test's tearDown) until `close`, which
+        the supervising case calls after its tearDown and cleanups. Modes with nothing to
+        keep close at once."""
+        self.close()

@@ -53,6 +53,10 @@ class FreshProcesses(Launcher):
         timeout = devices.test_timeout(case)
         return group.records, _timed_out_after(timeout, group.supervise(timeout))
 
+    def finish(self) -> None:
+        if self._group is not None:
+            self._group.stop()
+
     def close(self) -> None:
         if self._group is not None:
             self._group.close()

@@ -70,6 +70,7 @@ class RankGroup:
         self._stack_from: Dict[int, int] = {}  # rank -> output offset where its stack dump starts
         self._streamed = [0] * world_size
         self._closed = False
+        self._stopped = False  # the processes are gone (`stop`); the private dir may stay
         self._tasks: Dict[int, Connection] = {}  # shared ranks: the pipe each gets its tests on
         self.round = 0  # shared ranks: how many tests they were sent before the current one
         self._began = time.monotonic()  # when the current test was started or sent
@@ -364,26 +365,33 @@ class RankGroup:
             return
         self._closed = True
         try:
-            if grace_s and self._tasks:
-                for pipe in self._tasks.values():
-                    pipe.close()
-                self._tasks.clear()
-                until = time.monotonic() + grace_s
-                for process in self.processes:
-                    process.join(max(0.0, until - time.monotonic()))
-            for process in self.processes:
-                if process.exitcode is None:
-                    process.kill()
-            for process in self.processes:
-                process.join(EXIT_REAP_WAIT_S)
-                if process.exitcode is not None:
-                    process.close()
-            for pipe in [*self._readers.values(), *self._tasks.values()]:
-                pipe.close()
-            self._readers.clear()
-            self._tasks.clear()
+            self.stop(grace_s)
         finally:
             shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def stop(self, grace_s: float = 0.0) -> None:
+        """Kill what still runs and close the pipes; the private dir stays (until `close`)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if grace_s and self._tasks:
+            for pipe in self._tasks.values():
+                pipe.close()
+            self._tasks.clear()
+            until = time.monotonic() + grace_s
+            for process in self.processes:
+                process.join(max(0.0, until - time.monotonic()))
+        for process in self.processes:
+            if process.exitcode is None:
+                process.kill()
+        for process in self.processes:
+            process.join(EXIT_REAP_WAIT_S)
+            if process.exitcode is not None:
+                process.close()
+        for pipe in [*self._readers.values(), *self._tasks.values()]:
+            pipe.close()
+        self._readers.clear()
+        self._tasks.clear()
 
 
 def _remove(path: str) -> None:
