@@ -29,6 +29,7 @@ from harness.runner.junit import junit_result_class, xml_runner
 from harness.runner.loader import UsageError, flatten, repeat
 from harness.runner.order import OrderError, chosen_order, reorder
 from harness.runner.order import describe as describe_order
+from harness.runner.pytest_marks import honour_pytest_marks
 from harness.runner.results import Tally
 from harness.testcase import SEED_ENV, current_seed
 
@@ -85,7 +86,7 @@ class _Program(unittest.TestProgram):
     def runTests(self) -> None:  # noqa: N802 - unittest's naming
         opts = self.harness_args
         seed = current_seed()
-        tests = reorder(flatten(self.test), opts.order, seed)
+        tests = reorder(honour_pytest_marks(flatten(self.test)), opts.order, seed)
         self.test = unittest.TestSuite(tests)
         if opts.list:
             print_list([("", tests)], sys.stdout)
