@@ -146,6 +146,7 @@ def message(test: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(360)  # a limit of its own: a harness that never times out fails here
 class TestOutcomes:
     def test_every_test_has_its_outcome(self) -> None:
         got = {test: outcome for test, (outcome, _) in serial_run().outcomes.items()}
@@ -161,6 +162,7 @@ class TestOutcomes:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(360)  # a limit of its own: a harness that never times out fails here
 class TestReports:
     def test_a_failure_leads_with_the_rank_and_pytests_explanation(self) -> None:
         output = serial_run().output
@@ -218,6 +220,7 @@ class TestReports:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(360)  # a limit of its own: a harness that never times out fails here
 class TestRankFixtures:
     def test_generator_teardown_runs_in_each_rank(self) -> None:
         assert [len(serial_run().left[f"teardown{rank}"]) for rank in (0, 1)] == [1, 1]
@@ -241,6 +244,7 @@ class TestRankFixtures:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(360)  # a limit of its own: a harness that never times out fails here
 class TestPytestOptions:
     """What a pytest user expects of the options around a run."""
 

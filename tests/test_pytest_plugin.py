@@ -179,6 +179,7 @@ def test_failures_lead_with_the_rank_and_show_the_users_frames(tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(180)  # a limit of its own: a harness that never times out fails here
 def test_hang_report_beats_pytest_timeout_and_tb_line_points_at_the_users_line(
     tmp_path: Path,
 ) -> None:

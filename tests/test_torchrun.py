@@ -124,6 +124,7 @@ class TestTorchrunFailures(unittest.TestCase):
         self.assertEqual(last_line(proc.stdout), "0 passed, 1 failed, 0 skipped")
         self.assertNotIn("out of step", proc.stdout)  # rank 1 stopped too, and said it is done
 
+    @pytest.mark.timeout(180)  # a limit of its own: a harness that never times out fails here
     def test_a_rank_that_does_not_finish_stops_the_run(self) -> None:
         proc = torchrun(RANKS, "-k", "TestRankLags")
         self.assertNotEqual(proc.returncode, 0)
@@ -309,3 +310,42 @@ class TestRealSuite(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a limit of its own: agents that never meet fail here
+def test_two_agents_on_loopback_with_a_c10d_rendezvous() -> None:
+    """What the README promises across machines, on one: two torchrun agents (`--nnodes 2
+    --nproc-per-node 1`) meet through a c10d rendezvous and run a suite test as its two ranks;
+    rank 0 alone prints the report and writes the XML."""
+    launcher: List[str] = (
+        [TORCHRUN] if TORCHRUN else [sys.executable, "-m", "torch.distributed.run"]
+    )
+    test = "test_parity_with_non_frozen_fsdp"
+    with tempfile.TemporaryDirectory() as tmp:
+        xml_dir = os.path.join(tmp, "xml")
+        command = [
+            *launcher, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "harness-two-agents",
+            "run_all.py", "test_fine_tune", "-k", test, "--save-xml", xml_dir,
+        ]
+        agents = [
+            subprocess.Popen(command, cwd=REPO, env=child_env({"TMPDIR": tmp}),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]
+        try:
+            outputs = [agent.communicate(timeout=280) for agent in agents]
+        finally:
+            for agent in agents:
+                agent.kill()
+        codes = [agent.returncode for agent in agents]
+        stdout = "".join(out for out, _ in outputs)
+        assert codes == [0, 0], stdout + "".join(err for _, err in outputs)[-4000:]
+        assert stdout.count("1 passed, 0 failed, 0 skipped") == 1, stdout  # one report
+        reports = list(Path(xml_dir).glob("*.xml"))
+        assert len(reports) == 1, reports
+        cases = list(ET.parse(reports[0]).getroot().iter("testcase"))
+        assert [case.get("name") for case in cases] == [test]
+        assert [child.tag for child in cases[0]] in ([], ["system-out"], ["system-err"],
+                                                     ["system-out", "system-err"])
