@@ -165,7 +165,7 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "NoTest", "check_leaked_tensors", "get_cycles_per_ms", "load_tests", "wrapSwapTensorsTest",
     ),
     "harness.testcase": (
-        "TestCase",
+        "SEED", "TestCase",
     ),
     "harness.threads.case": (
         "MultiThreadedTestCase",
@@ -199,14 +199,35 @@ def __dir__() -> List[str]:
     return sorted(set(globals()) | set(_HOME_OF))
 
 
+# Values of home modules replaced through the package, restored when the name is deleted.
+_REPLACED: Dict[str, Any] = {}
+
+
 class _Package(types.ModuleType):
     """A public name wins over a submodule of the same name (`harness.parametrize` is the
-    decorator): importing the submodule must not replace the name bound here."""
+    decorator): importing the submodule must not replace the name bound here.
+
+    Assigning a public name through the package also assigns it in the module that defines
+    it, so that module state a client sets reaches the code that reads it, as assigning an
+    upstream module's global does: a file migrated to `import harness as common_utils` that
+    sets `common_utils.SEED = 99` seeds its tests with 99 (harness.testcase reads its SEED).
+    Deleting the name (as `mock.patch` does on exit) restores the defining module's value."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and name in _HOME_OF:
-            return
+        home = _HOME_OF.get(name)
+        if home is not None:
+            if isinstance(value, types.ModuleType):
+                return
+            module = importlib.import_module(home)
+            if name not in _REPLACED:
+                _REPLACED[name] = getattr(module, name)
+            setattr(module, name, value)
         super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        super().__delattr__(name)
+        if name in _REPLACED:
+            setattr(importlib.import_module(_HOME_OF[name]), name, _REPLACED.pop(name))
 
 
 sys.modules[__name__].__class__ = _Package

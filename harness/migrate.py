@@ -10,15 +10,41 @@ distributed.checkpoint_utils, inductor_utils, triton_utils) and those mirrored b
 module of their own (HOMES: distributed.fake_pg, the sharded-tensor kit, ...); a name of a
 HOMES module that `harness` exports as something else (the sharded-tensor `with_comms`) moves
 to `from <that harness module> import ...`. A name imported from any other private module
-stays. `import torch.testing._internal.<module> as alias` becomes `import harness as alias`
-(or its own harness module) when every attribute the file reads from the alias is provided.
-Imports of upstream's own test suites (SUITES: RPC fixtures, DistributedTest, op_db, ...)
-stay, reported with SUITE_REASON, and do not count as private imports left.
+stays. Imports of upstream's own test suites (SUITES: RPC fixtures, DistributedTest, op_db,
+...) stay, reported with SUITE_REASON, and do not count as private imports left.
+
+Module imports of a MIRRORED or HOMES module move to a harness module that carries its names
+(`harness`, or for a HOMES module its own harness module where `harness` lacks one of the
+names), so that attribute access works as upstream's (`common_utils.TestCase`,
+`common_distributed.TEST_SKIPS`), in every form:
+- `import torch.testing._internal.<module> as alias` becomes `import harness as alias`;
+- `from torch.testing._internal[.<package>] import <module>[ as alias], ...` becomes
+  `import harness as <module>` (or `as alias`), one line per module, in the statement's
+  place; what else the statement imported follows it (names the harness provides in their
+  own `from harness import ...`, the rest, such as an upstream test suite, where they were);
+- `import torch.testing._internal.<module>`, read by its dotted name
+  (`torch.testing._internal.common_utils.TestCase`), becomes `import harness`, and each
+  dotted name of the module in the file's code becomes `harness` (`harness.TestCase`):
+  only these spans change, found as the `ast.Attribute` nodes whose dotted chain is the
+  module's name and whose text is that name (spaces aside; a span with a comment inside, or
+  an ast position that is off, keeps the module where it is). `import torch` goes before
+  it when the file reads `torch` otherwise and no other import binds it there; an `import
+  harness` the same block already has above (from a rewrite too) is not repeated (the
+  statement's line goes, unless it carries a comment or other code).
+Such a module moves only when every attribute the file reads (or sets) on it is provided
+under that name, and the file uses it only so (never passed around or assigned). Otherwise
+the import stays as it is, and each attribute the harness does not provide is reported by
+name (`torch.testing._internal.common_utils.TEST_WITH_CROSSREF (module attribute)`), or the
+import itself when it is used other than by attribute (`... (module import)`). Module state
+a file sets through the module (`common_utils.SEED = 99`) reaches the harness module that
+reads it: assigning a public name on `harness` also assigns it in its home module
+(harness/__init__.py), and the harness's SEED seeds each test as upstream's does.
 
 How the rewrite works (why it can be trusted on real files):
-- The source text is edited in place: `ast` only finds the import statements and their
-  exact spans, `tokenize` reads the names and comments inside them. Everything outside
-  the touched statements keeps its bytes (formatting, comments, newline style, encoding).
+- The source text is edited in place: `ast` only finds the import statements (and the
+  dotted names of a module imported by its dotted name) and their exact spans, `tokenize`
+  reads the names and comments inside them. Everything outside the touched statements and
+  dotted names keeps its bytes (formatting, comments, newline style, encoding).
 - In each block (module body, or the body of an `if`/`try`/function), the names moved from
   all private imports that stand alone on their lines become one `from harness import ...`
   at the place of the first of them, with that block's indentation; at module level an
@@ -31,9 +57,8 @@ How the rewrite works (why it can be trusted on real files):
   rewritten where it stands, without merging.
 - Names it cannot map stay in their private import, which is rewritten with just those
   names (one line if it fits, else one name per line, as ruff/black format it; a list that
-  was spread over parenthesised lines stays spread); module imports
-  (`import torch.testing._internal.common_utils as cu`, `from torch.testing._internal
-  import common_utils`) and star imports stay too. All are reported.
+  was spread over parenthesised lines stays spread); module imports that cannot move (see
+  above), imports of other private modules, and star imports stay too. All are reported.
 - The result must parse (`ast.parse`) before it is written; files are written atomically
   (a temp file in the same folder renamed over the original, keeping its mode).
 - A second run changes nothing.
@@ -428,7 +453,8 @@ def _left_label(module: str, name: str) -> str:
         label = f"{module}.{name} (module import)"
     else:
         label = f"{module}.{name}"
-    return f"{label} ({SUITE_REASON})" if is_suite(module, name) else label
+    suite = is_suite(module, name) or is_suite(f"{module}.{name}")
+    return f"{label} ({SUITE_REASON})" if suite else label
 
 
 def _alias_uses(tree: ast.Module) -> Dict[str, Optional[frozenset]]:
@@ -463,26 +489,262 @@ def _alias_target(module: str, used: Optional[frozenset], known: Provided) -> Op
         known.homes[module][0] if module in known.homes else None))
 
 
-def _plan_module_import(source: Source, node: ast.Import, uses: Dict[str, Optional[frozenset]],
-                        known: Provided, moved: List[Tuple[int, str]],
-                        left: List[Tuple[int, str]]) -> Optional[Tuple[int, int, str]]:
-    """`import torch.testing._internal.X as alias`, alone in its statement, becomes
-    `import <harness module> as alias` when that module provides all the file reads from it."""
-    private = [a for a in node.names if is_private_module(a.name)]
-    if not private:
+def is_mirrored_module(module: str) -> bool:
+    """Whether a harness module carries the names of upstream's `module`."""
+    return module in MIRRORED or module in HOMES
+
+
+def _module_left(module: str, used: Optional[frozenset], known: Provided) -> List[str]:
+    """What a module import that stays is reported as: each attribute the file reads from it
+    that the harness does not provide, by name, else the import itself."""
+    if used and is_mirrored_module(module):
+        missing = sorted(a for a in used if known.target(module, a) is None)
+        if missing:
+            return [f"{module}.{attribute} (module attribute)" for attribute in missing]
+    return [_left_label(*module.rsplit(".", 1))]
+
+
+def _entry_left(module: str, entry: Entry, uses: Dict[str, Optional[frozenset]],
+                known: Provided) -> List[str]:
+    """What a name of `from module import ...` that stays is reported as."""
+    full = f"{module}.{entry.name}"
+    if is_mirrored_module(full):
+        return _module_left(full, uses.get(entry.asname or entry.name, frozenset()), known)
+    return [_left_label(module, entry.name)]
+
+
+def _module_entries(statement: Statement, uses: Dict[str, Optional[frozenset]],
+                    known: Provided) -> List[Tuple[str, Entry]]:
+    """The entries of `from PKG import X, ...` that are upstream modules the harness mirrors
+    and can stand in for (the file reads from X only what it provides): (harness module,
+    entry)."""
+    found = []
+    for entry in statement.entries:
+        full = f"{statement.module}.{entry.name}"
+        if is_mirrored_module(full):
+            target = _alias_target(full, uses.get(entry.asname or entry.name, frozenset()), known)
+            if target is not None:
+                found.append((target, entry))
+    return found
+
+
+def _plan_from_modules(source: Source, statement: Statement, modules: List[Tuple[str, Entry]],
+                       uses: Dict[str, Optional[frozenset]], known: Provided,
+                       moved: List[Tuple[int, str]],
+                       left: List[Tuple[int, str]]) -> Tuple[int, int, str]:
+    """`from PKG import X[ as Z], ...` with X a module that moves: `import <harness module>
+    as X` (or Z) in its place, followed by what else the statement imported (its names the
+    harness provides in their own `from harness import ...`, the rest where they were)."""
+    nl = source.newline
+    lineno = statement.node.lineno
+    moving = {id(entry) for _, entry in modules}
+    by_target: Dict[str, List[Entry]] = {}
+    kept: List[Entry] = []
+    for entry in statement.entries:
+        if id(entry) in moving:
+            moved.append((lineno, f"{statement.module}.{entry.name} as "
+                                  f"{entry.asname or entry.name}"))
+            continue
+        target = known.target(statement.module, entry.name)
+        if target is None:
+            kept.append(entry)
+            left.extend((lineno, label) for label in _entry_left(statement.module, entry, uses,
+                                                                 known))
+        else:
+            by_target.setdefault(target, []).append(entry)
+            moved.append((lineno, entry.text))
+    targets = sorted(by_target.items(), key=lambda item: (item[0] != "harness", item[0]))
+    if not statement.alone:
+        parts = [f"import {target} as {entry.asname or entry.name}" for target, entry in modules]
+        parts += [render("", module, entries, nl).rstrip("\r\n") for module, entries in targets]
+        if kept:
+            parts.append(render("", statement.module, kept, nl).rstrip("\r\n"))
+        return statement.start, statement.end, "; ".join(parts)
+    indent = statement.indent
+    lines: List[str] = []
+    for target, entry in modules:
+        lines += [indent + comment for comment in entry.before]
+        line = f"{indent}import {target} as {entry.asname or entry.name}"
+        lines.append(line + "".join("  " + comment for comment in entry.trailing))
+        lines += [indent + comment for comment in entry.after]
+    text = nl.join(lines) + nl
+    text += "".join(render(indent, module, entries, nl) for module, entries in targets)
+    if kept:
+        text += render(indent, statement.module, kept, nl, statement.multiline)
+    if not source.text[statement.start:statement.end].endswith(("\n", "\r")):
+        text = text.rstrip("\r\n")
+    return statement.start, statement.end, text
+
+
+def _dotted_name(node: ast.expr) -> Optional[str]:
+    """`a.b.c` of an attribute chain on a name; None for anything else."""
+    parts: List[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
         return None
-    alias = node.names[0]
-    target = None
-    if len(node.names) == 1 and alias.asname:
-        target = _alias_target(alias.name, uses.get(alias.asname, frozenset()), known)
-    if target is None:
-        left.extend((node.lineno, _left_label(*a.name.rsplit(".", 1))) for a in private)
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _root(node: ast.expr) -> ast.expr:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node
+
+
+@dataclass
+class Dotted:
+    """The private modules a file imports by their dotted name (`import
+    torch.testing._internal.common_utils`, no alias) and reads as such
+    (`torch.testing._internal.common_utils.TestCase`): per module that moves, the harness
+    module it moves to and the spans of its dotted name in the file; and the labels of the
+    modules that stay."""
+
+    targets: Dict[str, str] = field(default_factory=dict)
+    spans: List[Tuple[int, int, str]] = field(default_factory=list)
+    left: Dict[str, List[str]] = field(default_factory=dict)
+    needs_torch: bool = False  # the file reads `torch` otherwise (the import bound it)
+
+
+def _plan_dotted(tree: ast.Module, source: Source, known: Provided) -> Dotted:
+    """Which dotted private module imports move: those whose every use is an attribute read
+    (or set) the harness provides, each use's dotted name exactly as found in the text."""
+    plain = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names if alias.asname is None and is_private_module(alias.name)}
+    plan = Dotted()
+    if not plain:
+        return plan
+    parents: Dict[int, ast.AST] = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[id(child)] = node
+    used: Dict[str, set] = {module: set() for module in plain}
+    found: Dict[str, List[Tuple[int, int, ast.expr]]] = {module: [] for module in plain}
+    opaque: set = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        module = _dotted_name(node)
+        if module not in plain:
+            continue
+        parent = parents.get(id(node))
+        assert node.end_lineno is not None and node.end_col_offset is not None
+        start = source.offset(node.lineno, node.col_offset)
+        end = source.offset(node.end_lineno, node.end_col_offset)
+        # Only a span whose text is the dotted name (spaces aside) is rewritten: never one
+        # with comments inside, nor one whose ast position is off (f-strings before 3.12).
+        if (not isinstance(parent, ast.Attribute) or parent.value is not node
+                or re.sub(r"[\s\\]", "", source.text[start:end]) != module):
+            opaque.add(module)
+            continue
+        used[module].add(parent.attr)
+        found[module].append((start, end, _root(node)))
+    covered = set()
+    for module in sorted(plain):
+        attributes = None if module in opaque else frozenset(used[module])
+        target = _alias_target(module, attributes, known)
+        if target is None:
+            plan.left[module] = _module_left(module, attributes, known)
+            continue
+        plan.targets[module] = target
+        for start, end, root in found[module]:
+            plan.spans.append((start, end, target))
+            covered.add(id(root))
+    plan.needs_torch = bool(plan.targets) and any(
+        isinstance(node, ast.Name) and node.id == "torch" and id(node) not in covered
+        for node in ast.walk(tree))
+    return plan
+
+
+def _binds_torch(node: ast.stmt, dotted: Dotted) -> bool:
+    """Whether an import statement binds `torch` (and keeps binding it after the rewrite)."""
+    if isinstance(node, ast.ImportFrom):
+        return any((alias.asname or alias.name) == "torch" for alias in node.names)
+    if not isinstance(node, ast.Import):
+        return False
+    return any(alias.asname == "torch" or (
+        alias.asname is None and alias.name.split(".")[0] == "torch"
+        and alias.name not in dotted.targets) for alias in node.names)
+
+
+def _module_scope(tree: ast.Module) -> List[ast.stmt]:
+    """The statements that bind names of the module (not inside a function or class)."""
+    found: List[ast.stmt] = []
+    stack: List[ast.stmt] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for name in ("body", "orelse", "finalbody"):
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                stack.extend(v for v in value if isinstance(v, ast.stmt))
+        for sub in getattr(node, "handlers", []) + getattr(node, "cases", []):
+            stack.extend(sub.body)
+    return found
+
+
+def _alias_text(alias: ast.alias) -> str:
+    return f"{alias.name} as {alias.asname}" if alias.asname else alias.name
+
+
+def _plan_module_import(source: Source, node: ast.Import, uses: Dict[str, Optional[frozenset]],
+                        dotted: Dotted, bound: set, known: Provided,
+                        moved: List[Tuple[int, str]],
+                        left: List[Tuple[int, str]]) -> Optional[Tuple[int, int, str]]:
+    """`import torch.testing._internal.X as alias` becomes `import <harness module> as alias`
+    when that module provides all the file reads from it; `import torch.testing._internal.X`
+    read by its dotted name becomes `import harness` (preceded by `import torch` where the
+    file reads `torch` otherwise and nothing else binds it). `bound`: the plain imports the
+    block already has before this statement (one of these is not repeated)."""
+    parts: List[str] = []
+    changed = False
+    for alias in node.names:
+        if not is_private_module(alias.name):
+            parts.append(_alias_text(alias))
+            if alias.asname is None:
+                bound.add(alias.name)
+            continue
+        if alias.asname is not None:
+            used = uses.get(alias.asname, frozenset())
+            target = _alias_target(alias.name, used, known)
+            if target is None:
+                parts.append(_alias_text(alias))
+                left.extend((node.lineno, label) for label in _module_left(alias.name, used, known))
+                continue
+            parts.append(f"{target} as {alias.asname}")
+            moved.append((node.lineno, _alias_text(alias)))
+            changed = True
+            continue
+        target = dotted.targets.get(alias.name)
+        if target is None:
+            parts.append(alias.name)
+            labels = dotted.left.get(alias.name) or [_left_label(*alias.name.rsplit(".", 1))]
+            left.extend((node.lineno, label) for label in labels)
+            continue
+        for needed in (["torch"] if dotted.needs_torch else []) + [target]:
+            if needed not in bound:
+                parts.append(needed)
+                bound.add(needed)
+        moved.append((node.lineno, alias.name))
+        changed = True
+    if not changed:
         return None
     assert node.end_lineno is not None and node.end_col_offset is not None
     start = source.offset(node.lineno, node.col_offset)
     end = source.offset(node.end_lineno, node.end_col_offset)
-    moved.append((node.lineno, f"{alias.name} as {alias.asname}"))
-    return start, end, f"import {target} as {alias.asname}"
+    line_start, line_end, alone, indent, _ = _locate(source, node)
+    if not parts:  # all it imported is imported above already
+        if alone and source.text[end:line_end].strip() == "":
+            return line_start, line_end, ""
+        parts = [dotted.targets[node.names[0].name]]
+    if len(node.names) == 1 and len(parts) > 1:
+        separator = f"{source.newline}{indent}import " if alone else "; import "
+        return start, end, "import " + separator.join(parts)
+    return start, end, "import " + ", ".join(parts)
 
 
 def migrate_source(text: str, names: frozenset | Provided) -> Tuple[str, List[str], List[str]]:
@@ -492,15 +754,19 @@ def migrate_source(text: str, names: frozenset | Provided) -> Tuple[str, List[st
     tree = ast.parse(text)
     source = Source(text)
     uses = _alias_uses(tree)
-    edits: List[Tuple[int, int, str]] = []
+    dotted = _plan_dotted(tree, source, known)
+    edits: List[Tuple[int, int, str]] = list(dotted.spans)
     moved: List[Tuple[int, str]] = []
     left: List[Tuple[int, str]] = []
+    module_binds_torch = any(_binds_torch(node, dotted) for node in _module_scope(tree))
     for block, top in _blocks(tree):
         privates: List[Statement] = []
         existing: Optional[Statement] = None
+        bound = {"torch"} if module_binds_torch or any(
+            _binds_torch(node, dotted) for node in block) else set()
         for index, node in enumerate(block):
             if isinstance(node, ast.Import):
-                edit = _plan_module_import(source, node, uses, known, moved, left)
+                edit = _plan_module_import(source, node, uses, dotted, bound, known, moved, left)
                 if edit is not None:
                     edits.append(edit)
                 continue
@@ -524,8 +790,14 @@ def migrate_source(text: str, names: frozenset | Provided) -> Tuple[str, List[st
                 if top and alone and existing is None:
                     existing = statement
                 continue
+            modules = _module_entries(statement, uses, known)
+            if modules:
+                edits.append(_plan_from_modules(source, statement, modules, uses, known, moved,
+                                                left))
+                continue
             mapped, kept = _split(statement, known)
-            left += [(node.lineno, _left_label(statement.module, e.name)) for e in kept]
+            left += [(node.lineno, label) for e in kept
+                     for label in _entry_left(statement.module, e, uses, known)]
             if mapped:
                 privates.append(statement)
         if privates:

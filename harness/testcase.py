@@ -40,15 +40,24 @@ __tracebackhide__ = True
 
 SEED_ENV = "HARNESS_SEED"
 DEFAULT_SEED = 1234
+# Upstream's `common_utils.SEED`, module state a client may set (`common_utils.SEED = 99` on a
+# file migrated to `import harness as common_utils` reaches here: harness/__init__.py). As
+# upstream's, it reads 1234 until set, and each test's set-up seeds from its value then, in
+# every rank too (ranks import the test module, so its module-level assignment runs there).
+SEED: Optional[int] = DEFAULT_SEED
 
 
 def current_seed() -> int:
-    """The seed every test starts from: HARNESS_SEED (set by `--seed N`), else 1234."""
+    """The seed every test starts from: HARNESS_SEED (set by `--seed N`) when set (as the
+    `--seed` of older upstream versions won; the installed one has none); else `SEED` (a
+    client may set it: `harness.SEED = 99`); else (SEED set to None) 1234."""
     value = os.environ.get(SEED_ENV, "")
     try:
-        return int(value) if value else DEFAULT_SEED
+        if value:
+            return int(value)
     except ValueError:
         raise ValueError(f"{SEED_ENV}={value!r} is not an int") from None
+    return DEFAULT_SEED if SEED is None else int(SEED)
 
 
 def seed_everything(seed: int) -> None:

@@ -21,10 +21,12 @@ import textwrap
 import unittest
 from pathlib import Path
 from typing import Dict, List, Optional
+from unittest import mock
 
 import pytest
 
 from harness.migrate import Provided, main, migrate_source
+from tests.differential import both, run_file
 from tests.fixtures import REPO, child_env
 
 # What the child's harness provides in the exact before/after tests.
@@ -359,7 +361,8 @@ REPORTS = {
         f"left 2: {TEST_HPU}, {BLOCK}"),
     "tensor/parallel/test_dtensor_basic.py": (
         "moved 4 names to harness (run_tests, create_local_tensor_test_class, DTensorTestBase, "
-        "with_comms); left 1: torch.testing._internal.common_utils (module import)"),
+        "with_comms); left 1: torch.testing._internal.common_utils.TEST_WITH_ROCM "
+        "(module attribute)"),
     "tensor/helpers/common.py": "moved 4 names to harness (run_tests as rt, TestCase, "
                                 "FSDPTest as Base, TestCase as Base)",
 }
@@ -739,20 +742,21 @@ class TestRewriteRules(unittest.TestCase):
             import torch.testing._internal.common_utils as common_utils
             from torch.testing._internal import common_distributed
             from torch.testing import _internal
-            from torch.testing._internal.distributed import checkpoint_utils
+            from torch.testing._internal.distributed import multi_threaded_pg
             from torch.testing._internal.common_fsdp import *
             from torch.testing._internal.common_utils import run_tests
             common_utils.TEST_HPU
+            helper(common_distributed)
             ''')
         new, moved, left = migrate_source(text, PROVIDED)
         self.assertEqual(new, text.replace("torch.testing._internal.common_utils import run_tests",
                                            "harness import run_tests"))
         self.assertEqual(moved, ["run_tests"])
         self.assertEqual(left, [
-            "torch.testing._internal.common_utils (module import)",
+            "torch.testing._internal.common_utils.TEST_HPU (module attribute)",
             "torch.testing._internal.common_distributed (module import)",
             "torch.testing._internal (module import)",
-            "torch.testing._internal.distributed.checkpoint_utils (module import)",
+            "torch.testing._internal.distributed.multi_threaded_pg (module import)",
             "torch.testing._internal.common_fsdp.* (star import)",
         ])
 
@@ -776,11 +780,13 @@ class TestRewriteRules(unittest.TestCase):
             "def test():\n    common.run_tests()\n    return common.TestCase\n")
 
     def test_module_alias_stays_when_an_attribute_is_missing_or_it_is_passed_around(self) -> None:
-        for use in ("common.run_tests()\ncommon.TEST_HPU\n", "helper(common)\n"):
+        for use, label in (
+                ("common.run_tests()\ncommon.TEST_HPU\n", ".TEST_HPU (module attribute)"),
+                ("helper(common)\n", " (module import)")):
             with self.subTest(use=use):
                 text = "import torch.testing._internal.common_utils as common\n" + use
                 self.assertEqual(migrate_source(text, PROVIDED), (text, [], [
-                    "torch.testing._internal.common_utils (module import)"]))
+                    "torch.testing._internal.common_utils" + label]))
 
     def test_a_module_of_its_own_takes_the_names_harness_exports_for_another(self) -> None:
         sharded = "torch.testing._internal.distributed._shard.sharded_tensor"
@@ -842,6 +848,394 @@ class TestRewriteRules(unittest.TestCase):
     def test_unparsable_text_raises_syntax_error(self) -> None:
         with self.assertRaises(SyntaxError):
             migrate_source("from torch.testing._internal.common_utils import (\n", PROVIDED)
+
+
+# Module imports: each form, with the names the in-process rules provide (and SEED).
+MODULE_PROVIDED = PROVIDED | {"SEED", "instantiate_parametrized_tests"}
+SHARDED = "torch.testing._internal.distributed._shard.sharded_tensor"
+TORCHAO_BEFORE = '''\
+import torch
+from torch.testing._internal import common_utils
+
+if common_utils.SEED is None:
+    common_utils.SEED = 1234
+
+
+class TestX(common_utils.TestCase):
+    def test_seed(self):
+        self.assertEqual(torch.initial_seed(), 1234)
+
+
+common_utils.instantiate_parametrized_tests(TestX)
+if __name__ == "__main__":
+    common_utils.run_tests()
+'''
+
+
+class TestModuleImports(unittest.TestCase):
+    """Every module-import form of a mirrored upstream module moves to a harness module that
+    carries its names, only where the harness provides every attribute the file reads."""
+
+    def assertMigrates(self, before: str, expected: str, moved: List[str],
+                       left: Optional[List[str]] = None,
+                       known: Optional[Provided] = None) -> None:
+        known = known or Provided(MODULE_PROVIDED)
+        new, got_moved, got_left = migrate_source(before, known)
+        self.assertEqual(new, expected)
+        self.assertEqual((got_moved, got_left), (moved, left or []))
+        ast.parse(new)
+        self.assertEqual(migrate_source(new, known), (new, [], left or []), "not idempotent")
+
+    def assertStays(self, text: str, left: List[str]) -> None:
+        self.assertEqual(migrate_source(text, Provided(MODULE_PROVIDED)), (text, [], left))
+
+    # --- from PKG import module ------------------------------------------------------------
+    def test_torchao_style_module_import_moves_and_only_its_line_changes(self) -> None:
+        self.assertMigrates(
+            TORCHAO_BEFORE,
+            TORCHAO_BEFORE.replace("from torch.testing._internal import common_utils\n",
+                                   "import harness as common_utils\n"),
+            ["torch.testing._internal.common_utils as common_utils"])
+
+    def test_from_a_subpackage_and_aliases_keep_their_names(self) -> None:
+        self.assertMigrates(
+            "from torch.testing._internal.distributed._tensor import common_dtensor\n"
+            "from torch.testing._internal import common_utils as cu, common_distributed\n"
+            "class T(common_dtensor.DTensorTestBase, cu.TestCase):\n"
+            "    skips = common_distributed.TEST_SKIPS\n",
+            "import harness as common_dtensor\n"
+            "import harness as cu\n"
+            "import harness as common_distributed\n"
+            "class T(common_dtensor.DTensorTestBase, cu.TestCase):\n"
+            "    skips = common_distributed.TEST_SKIPS\n",
+            ["torch.testing._internal.distributed._tensor.common_dtensor as common_dtensor",
+             "torch.testing._internal.common_utils as cu",
+             "torch.testing._internal.common_distributed as common_distributed"])
+
+    def test_a_mixed_import_splits_and_comments_travel(self) -> None:
+        suite = ("torch.testing._internal.common_methods_invocations (module import) "
+                 "(upstream's own test suite, not harness API)")
+        self.assertMigrates(
+            "if True:\n"
+            "    from torch.testing._internal import (  # helpers\n"
+            "        common_methods_invocations,\n"
+            "        common_utils,  # the base\n"
+            "    )\n"
+            "    common_utils.run_tests(common_methods_invocations.op_db)\n",
+            "if True:\n"
+            "    import harness as common_utils  # the base\n"
+            "    from torch.testing._internal import (\n"
+            "        # helpers\n"
+            "        common_methods_invocations,\n"
+            "    )\n"
+            "    common_utils.run_tests(common_methods_invocations.op_db)\n",
+            ["torch.testing._internal.common_utils as common_utils"], [suite])
+
+    def test_a_statement_sharing_its_line_is_rewritten_in_place(self) -> None:
+        self.assertMigrates(
+            "if True: from torch.testing._internal import common_utils, hop_db; x = 1\n"
+            "common_utils.TestCase\n",
+            "if True: import harness as common_utils; "
+            "from torch.testing._internal import hop_db; x = 1\n"
+            "common_utils.TestCase\n",
+            ["torch.testing._internal.common_utils as common_utils"],
+            ["torch.testing._internal.hop_db (module import)"])
+
+    def test_a_module_of_its_own_moves_to_its_harness_module(self) -> None:
+        known = Provided(MODULE_PROVIDED | {"ShardedTensorTestBase"}, {
+            SHARDED: ("harness.kit.sharded_tensor",
+                      frozenset({"ShardedTensorTestBase", "with_comms"}),
+                      frozenset({"with_comms"}))})
+        self.assertMigrates(
+            "from torch.testing._internal.distributed._shard import sharded_tensor\n"
+            "class T(sharded_tensor.ShardedTensorTestBase):\n"
+            "    @sharded_tensor.with_comms\n"
+            "    def test(self): pass\n",
+            "import harness.kit.sharded_tensor as sharded_tensor\n"
+            "class T(sharded_tensor.ShardedTensorTestBase):\n"
+            "    @sharded_tensor.with_comms\n"
+            "    def test(self): pass\n",
+            [f"{SHARDED} as sharded_tensor"], known=known)
+
+    def test_a_module_import_stays_and_each_missing_attribute_is_reported(self) -> None:
+        self.assertStays(
+            "from torch.testing._internal import common_utils\n"
+            "class T(common_utils.TestCase):\n"
+            "    flags = common_utils.TEST_WITH_ROCM, common_utils.IS_JETSON\n",
+            ["torch.testing._internal.common_utils.IS_JETSON (module attribute)",
+             "torch.testing._internal.common_utils.TEST_WITH_ROCM (module attribute)"])
+        self.assertStays(
+            "from torch.testing._internal import common_utils\nhelper(common_utils)\n",
+            ["torch.testing._internal.common_utils (module import)"])
+
+    # --- import torch.testing._internal.X, read by its dotted name -----------------------
+    def test_dotted_module_moves_with_each_use_and_nothing_else_changes(self) -> None:
+        before = (
+            "import os  # first\n"
+            "import torch.testing._internal.common_utils\n"
+            "\n"
+            "torch.testing._internal.common_utils.SEED = 99  # module state\n"
+            "class T(torch.testing._internal.common_utils.TestCase):\n"
+            "    def test(self):\n"
+            "        self.assertEqual((torch.testing._internal\n"
+            "                          .common_utils.SEED), 99)   # spaced   as it was\n"
+            "        doc = 'torch.testing._internal.common_utils.TestCase'\n"
+            "if __name__ == '__main__':\n"
+            "    torch.testing._internal.common_utils.run_tests()\n")
+        expected = (
+            "import os  # first\n"
+            "import harness\n"
+            "\n"
+            "harness.SEED = 99  # module state\n"
+            "class T(harness.TestCase):\n"
+            "    def test(self):\n"
+            "        self.assertEqual((harness.SEED), 99)   # spaced   as it was\n"
+            "        doc = 'torch.testing._internal.common_utils.TestCase'\n"
+            "if __name__ == '__main__':\n"
+            "    harness.run_tests()\n")
+        self.assertMigrates(before, expected, ["torch.testing._internal.common_utils"])
+
+    def test_dotted_module_keeps_torch_bound_where_the_file_reads_it(self) -> None:
+        uses = "x = torch.ones(1), torch.testing._internal.common_utils.TestCase\n"
+        self.assertMigrates(
+            "import torch.testing._internal.common_utils\n" + uses,
+            "import torch\nimport harness\nx = torch.ones(1), harness.TestCase\n",
+            ["torch.testing._internal.common_utils"])
+        self.assertMigrates(
+            "import torch.nn\nimport torch.testing._internal.common_utils\n" + uses,
+            "import torch.nn\nimport harness\nx = torch.ones(1), harness.TestCase\n",
+            ["torch.testing._internal.common_utils"])
+        self.assertMigrates(
+            "def f():\n    if True: import torch.testing._internal.common_utils\n"
+            "    return torch.ones(1), torch.testing._internal.common_utils.TestCase\n",
+            "def f():\n    if True: import torch; import harness\n"
+            "    return torch.ones(1), harness.TestCase\n",
+            ["torch.testing._internal.common_utils"])
+
+    def test_two_dotted_modules_share_one_harness_import(self) -> None:
+        self.assertMigrates(
+            "import torch.testing._internal.common_distributed\n"
+            "import torch.testing._internal.common_utils\n"
+            "import sys, torch.testing._internal.common_fsdp\n"
+            "torch.testing._internal.common_fsdp.FSDPTest\n"
+            "torch.testing._internal.common_distributed.TEST_SKIPS\n",
+            "import harness\n"
+            "import sys\n"
+            "harness.FSDPTest\n"
+            "harness.TEST_SKIPS\n",
+            ["torch.testing._internal.common_distributed",
+             "torch.testing._internal.common_utils", "torch.testing._internal.common_fsdp"])
+
+    def test_dotted_module_stays_when_a_use_is_missing_passed_or_commented(self) -> None:
+        head = "import torch.testing._internal.common_utils\n"
+        chain = "torch.testing._internal.common_utils"
+        for uses, label in (
+                (f"{chain}.TestCase\n{chain}.TEST_WITH_ROCM\n",
+                 f"{chain}.TEST_WITH_ROCM (module attribute)"),
+                (f"helper({chain})\n{chain}.TestCase\n", f"{chain} (module import)"),
+                ("(torch.testing._internal  # the base\n .common_utils.TestCase)\n",
+                 f"{chain} (module import)")):
+            with self.subTest(uses=uses):
+                self.assertStays(head + uses, [label])
+
+    # --- the command ---------------------------------------------------------------------
+    def test_check_names_the_missing_attribute_and_a_second_run_changes_nothing(self) -> None:
+        with tempfile.TemporaryDirectory(prefix="migrate-test-") as folder:
+            path = Path(folder) / "test_ao.py"
+            missing = TORCHAO_BEFORE + "FLAG = common_utils.NOT_A_HARNESS_NAME\n"
+            path.write_text(missing)
+            result = migrate_here("--check", str(path))
+            self.assertEqual(result.returncode, 1)
+            self.assertEqual(result.stdout.splitlines(), [
+                f"{path}: left 1: torch.testing._internal.common_utils.NOT_A_HARNESS_NAME "
+                "(module attribute)",
+                "migrate: 0 files would change, 1 unchanged, 1 private imports left"])
+            self.assertEqual(path.read_text(), missing)
+            path.write_text(TORCHAO_BEFORE)
+            result = migrate_here("--check", str(path))
+            self.assertEqual(result.returncode, 1)
+            self.assertEqual(result.stdout.splitlines()[0], f"{path}: would move 1 name to "
+                             "harness (torch.testing._internal.common_utils as common_utils)")
+            self.assertEqual(path.read_text(), TORCHAO_BEFORE)
+            self.assertEqual(migrate_here(str(path)).returncode, 0)
+            migrated = path.read_text()
+            self.assertIn("\nimport harness as common_utils\n", migrated)
+            again = migrate_here("--check", str(path))
+            self.assertEqual((again.returncode, again.stdout), (
+                0, "migrate: 0 files would change, 1 unchanged, 0 private imports left\n"))
+            self.assertEqual(path.read_text(), migrated)
+
+
+class TestModuleState(unittest.TestCase):
+    """`common_utils.SEED = N` through a migrated module import seeds the tests with N, as
+    upstream's; an explicit HARNESS_SEED (`--seed`) wins."""
+
+    def setUp(self) -> None:
+        import harness
+        import harness.testcase
+
+        self.harness, self.testcase = harness, harness.testcase
+        saved = harness.testcase.SEED
+
+        def restore() -> None:
+            harness.SEED = saved
+            self.assertEqual(harness.testcase.SEED, saved)
+
+        self.addCleanup(restore)
+        patcher = mock.patch.dict(os.environ)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        os.environ.pop("HARNESS_SEED", None)
+
+    def test_the_seed_reads_as_upstreams_until_set(self) -> None:
+        self.assertEqual(self.harness.SEED, 1234)
+        self.assertEqual(self.testcase.current_seed(), 1234)
+
+    def test_seed_set_through_the_package_seeds_the_tests(self) -> None:
+        common_utils = self.harness  # what `import harness as common_utils` binds
+        common_utils.SEED = 99
+        self.assertEqual((self.testcase.SEED, common_utils.SEED), (99, 99))
+        self.assertEqual(self.testcase.current_seed(), 99)
+        from harness import SEED
+
+        self.assertEqual(SEED, 99)
+        common_utils.SEED = None  # as unset: the default
+        self.assertEqual(self.testcase.current_seed(), 1234)
+
+    def test_harness_seed_wins_over_the_module_state(self) -> None:
+        self.harness.SEED = 99
+        os.environ["HARNESS_SEED"] = "7"
+        self.assertEqual(self.testcase.current_seed(), 7)
+
+    def test_a_patched_name_is_restored_in_its_home_module(self) -> None:
+        import harness.runner.main
+
+        original = harness.runner.main.run_tests
+        with mock.patch("harness.run_tests", "patched"):
+            self.assertEqual(harness.runner.main.run_tests, "patched")
+        self.assertIs(harness.runner.main.run_tests, original)
+        self.assertIs(self.harness.run_tests, original)
+
+    def test_a_submodule_still_does_not_replace_the_public_name(self) -> None:
+        import importlib
+
+        module = importlib.import_module("harness.parametrize")
+        self.harness.parametrize = module
+        self.assertIs(self.harness.parametrize, module.parametrize)
+
+
+# Differential probes: torchao-style files, one per import form, run under upstream's harness
+# (as written) and under this one (after `python -m harness.migrate`). EXPECT is the seed each
+# test must start from (PROBE_EXPECT, else the seed the file sets: DEFAULT); the test expecting
+# another seed fails in both.
+PROBE_TESTS = '''
+
+EXPECT = int(os.environ.get("PROBE_EXPECT", DEFAULT))
+
+
+class TestSeed({base}):
+    def test_initial_seed(self):
+        self.assertEqual(torch.initial_seed(), EXPECT)
+
+    def test_draws(self):
+        self.assertEqual(torch.rand(3), torch.rand(3, generator=torch.Generator().manual_seed(
+            EXPECT)))
+        self.assertEqual(random.random(), random.Random(EXPECT).random())
+
+    def test_other_seed_fails(self):
+        self.assertEqual(torch.initial_seed(), EXPECT + 1)
+
+    def test_module_state_reads_back(self):
+        self.assertEqual({module}.SEED, DEFAULT)
+
+    @{module}.parametrize("n", [1, 2])
+    def test_param(self, n):
+        self.assertEqual(torch.initial_seed() + n, EXPECT + n)
+
+
+{module}.instantiate_parametrized_tests(TestSeed)
+'''
+RANKS = '''
+
+class TestRanks(common_distributed.MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_rank_seed(self):
+        self.assertEqual(torch.initial_seed(), EXPECT)
+        self.assertIn("multi-gpu-2", common_distributed.TEST_SKIPS)
+'''
+DTENSOR = '''
+
+class TestDTensorNames(cu.TestCase):
+    def test_names(self):
+        self.assertTrue(issubclass(common_dtensor.DTensorTestBase, unittest.TestCase))
+        self.assertGreater(common_dtensor.NUM_DEVICES, 0)
+'''
+HEAD = "import os\nimport random\nimport unittest\n\nimport torch\n"
+PROBES = {
+    # torchao's: from torch.testing._internal import common_utils, the seed left as it is
+    "from_default": HEAD + TORCHAO_BEFORE.split("\n\n\nclass")[0].replace("import torch\n", "")
+                    + "\nDEFAULT = 1234\n"
+                    + PROBE_TESTS.format(base="common_utils.TestCase", module="common_utils"),
+    # from torch.testing._internal import ..., the seed set at import; ranks too
+    "from_set": HEAD + "from torch.testing._internal import common_distributed, common_utils\n"
+                       "\ncommon_utils.SEED = 99\nDEFAULT = 99\n"
+                + PROBE_TESTS.format(base="common_utils.TestCase", module="common_utils")
+                + RANKS,
+    # from a subpackage, and import ... as alias
+    "subpackage_alias": HEAD + "import torch.testing._internal.common_utils as cu\n"
+                               "from torch.testing._internal.distributed._tensor import "
+                               "common_dtensor\n\ncu.SEED = 5\nDEFAULT = 5\n"
+                        + PROBE_TESTS.format(base="cu.TestCase", module="cu") + DTENSOR,
+    # import torch.testing._internal.common_utils, read by its dotted name
+    "dotted": HEAD + "import torch.testing._internal.common_utils\n\n"
+                     "torch.testing._internal.common_utils.SEED = 7\nDEFAULT = 7\n"
+              + PROBE_TESTS.format(base="torch.testing._internal.common_utils.TestCase",
+                                   module="torch.testing._internal.common_utils"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+class TestModuleImportsDifferential(unittest.TestCase):
+    """Each import form's probe: the migrated file under this harness has the outcomes the
+    file as written has under upstream's (seeded as upstream seeds, in every rank too)."""
+
+    def check(self, name: str) -> None:
+        theirs, ours = both(PROBES[name])
+        kinds = {test: outcome[0] for test, outcome in theirs.items()}
+        self.assertEqual(kinds, {test: "fail" if "other_seed" in test else "pass"
+                                 for test in kinds}, theirs)
+        self.assertEqual({test: outcome[0] for test, outcome in ours.items()}, kinds, ours)
+
+    def test_from_package_import_module_with_the_default_seed(self) -> None:
+        self.check("from_default")
+
+    def test_from_package_import_module_with_the_seed_set_at_import(self) -> None:
+        self.check("from_set")
+
+    def test_from_subpackage_and_module_alias(self) -> None:
+        self.check("subpackage_alias")
+
+    def test_dotted_module_name(self) -> None:
+        self.check("dotted")
+
+    def test_harness_seed_wins_over_the_seed_the_file_sets(self) -> None:
+        with tempfile.TemporaryDirectory(prefix="migrate-test-") as folder:
+            path = Path(folder) / "probe_seed.py"
+            path.write_text(PROBES["from_set"])
+            self.assertEqual(migrate_here(str(path)).returncode, 0)
+            outcomes = run_file(Path(folder), "probe_seed",
+                                env={"HARNESS_SEED": "3", "PROBE_EXPECT": "3"})
+        self.assertEqual({test for test, (kind, _) in outcomes.items() if kind != "pass"},
+                         {"TestSeed.test_other_seed_fails"}, outcomes)
+        self.assertIn("TestRanks.test_rank_seed", outcomes)
 
 
 if __name__ == "__main__":
