@@ -31,7 +31,7 @@ from harness.process import leaks
 from harness.process.supervisor import RankGroup
 
 READY_TIMEOUT_S = 10.0  # how long a reused set may take to meet before a test
-FINISH_GRACE_S = 2.0  # how long a set that is stopped may take to end itself (its teardown)
+FINISH_GRACE_S = 5.0  # how long a set that is stopped may take to end itself (its teardown)
 
 
 class SharedRanks:
