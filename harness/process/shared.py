@@ -89,10 +89,11 @@ class SharedRanks:
 
     def close(self, grace_s: float = 0.0) -> None:
         """Stop the ranks and remove their private dir (a later test starts new ones);
-        `grace_s`: how long intact ranks may take to end their set themselves."""
+        `grace_s`: how long ranks that finished their last test may take to end their set
+        themselves (ranks inside a test, or gone, are killed at once)."""
         group, self.group = self.group, None
         if group is not None:
-            group.close(grace_s)
+            group.close(grace_s if group.intact() else 0.0)
 
 
 def _send(group: RankGroup, case: Any) -> bool:

@@ -238,7 +238,8 @@ def run_in_ranks(
     call: FunctionCall, mode: str, world_size: int, timeout: Optional[float],
     deadline: Optional[float], shared_key: Optional[SharedKey] = None,
 ) -> RanksRun:
-    """Run `call` on `world_size` ranks of `mode`; what happened."""
+    """Run `call` on `world_size` ranks of `mode` (`shared_key`: the set of shared ranks that
+    runs it); what happened."""
     case = MODE_CLASSES[mode].supervising(call, world_size, timeout)
     if isinstance(case, SharedFunction):
         case.shared_key = shared_key

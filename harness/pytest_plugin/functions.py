@@ -201,23 +201,36 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Optional[bool]:
     records: list = []
     try:
         for size in ranks.sizes:  # one, but a DistributedTest's list runs in turn
-            where = place(ranks, size)
-            with leases.lease(where.device_type, size, devices.accelerator_count()) as held:
-                placed = dataclasses.replace(
-                    call, device_type=where.device_type, devices=held, backend=where.backend
-                )
-                key = SharedKey(call.module, size, where.device_type, held, where.backend,
-                                call.init)
-                run = run_in_ranks(placed, ranks.mode, size, ranks.timeout,
-                                   pyfuncitem.stash.get(stash.DEADLINE, None), key)
-            records.extend(run.records)
-            if run.problem is not None:
-                raise run.problem[1].with_traceback(run.problem[2])
-            if run.skip is not None:
-                pytest.skip(run.skip)
+            run_placed(call, ranks, size, pyfuncitem.stash.get(stash.DEADLINE, None), records)
     finally:
         pyfuncitem.stash[stash.RECORDS] = records
     return True
+
+
+def run_placed(
+    call: FunctionCall, ranks: Ranks, world_size: int, deadline: Optional[float],
+    records: list, pool: bool = False,
+) -> None:
+    """Run `call` on `world_size` ranks where `ranks` puts them on this machine (their devices
+    leased for the run; shared sets keyed by that placement, `pool`'s apart); the ranks'
+    records go into `records`. A rank's problem is raised, their skip is pytest's."""
+    where = place(ranks, world_size)
+    if where.skip is not None:
+        pytest.skip(where.skip)
+    with leases.lease(where.device_type, world_size, devices.accelerator_count()) as held:
+        placed = dataclasses.replace(
+            call, device_type=where.device_type, devices=held, backend=where.backend
+        )
+        key = None
+        if ranks.mode == "shared":
+            key = SharedKey(call.module, world_size, where.device_type, held, where.backend,
+                            call.init, pool)
+        run = run_in_ranks(placed, ranks.mode, world_size, ranks.timeout, deadline, key)
+    records.extend(run.records)
+    if run.problem is not None:
+        raise run.problem[1].with_traceback(run.problem[2])
+    if run.skip is not None:
+        pytest.skip(run.skip)
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]) -> None:

@@ -10,7 +10,6 @@ name, so it must be a module-level function; its arguments and return values tra
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import pickle
 import shutil
@@ -21,10 +20,9 @@ from typing import Any, Callable, List, Optional
 import pytest
 
 from harness import devices
-from harness.pytest_plugin import leases, stash
+from harness.pytest_plugin import stash
 from harness.pytest_plugin.call import FunctionCall, check_sendable, result_path
-from harness.pytest_plugin.case import SharedKey, run_in_ranks
-from harness.pytest_plugin.functions import GROUP_TIMEOUT_MARGIN_S, place
+from harness.pytest_plugin.functions import GROUP_TIMEOUT_MARGIN_S, run_placed
 from harness.pytest_plugin.marker import MarkerError, Ranks, check, world_sizes
 
 
@@ -53,9 +51,6 @@ class RankPool:
                 check_sendable(f"rank_pool.run argument {index}", value)
             for name, value in kwargs.items():
                 check_sendable(f"rank_pool.run argument {name}", value)
-        where = place(ranks, world_size)
-        if where.skip is not None:
-            pytest.skip(where.skip)
         result_dir = tempfile.mkdtemp(prefix="harness-pool-")
         try:
             call = FunctionCall(
@@ -63,20 +58,10 @@ class RankPool:
                 module_path=fn.__code__.co_filename,
                 argnames=(), values=dict(kwargs), init=init,
                 group_timeout=(timeout or devices.default_timeout()) + GROUP_TIMEOUT_MARGIN_S,
-                pool_args=tuple(args), result_dir=result_dir, backend=where.backend,
+                pool_args=tuple(args), result_dir=result_dir,
             )
-            accelerators = devices.accelerator_count()
-            with leases.lease(where.device_type, world_size, accelerators) as held:
-                placed = dataclasses.replace(call, device_type=where.device_type, devices=held)
-                key = SharedKey(fn.__module__, world_size, where.device_type, held,
-                                where.backend, init, pool=True)
-                run = run_in_ranks(placed, mode, world_size, timeout,
-                                   self._node.stash.get(stash.DEADLINE, None), key)
-            self._node.stash.setdefault(stash.RECORDS, []).extend(run.records)
-            if run.problem is not None:
-                raise run.problem[1].with_traceback(run.problem[2])
-            if run.skip is not None:
-                pytest.skip(run.skip)
+            run_placed(call, ranks, world_size, self._node.stash.get(stash.DEADLINE, None),
+                       self._node.stash.setdefault(stash.RECORDS, []), pool=True)
             values = []
             for rank in range(world_size):
                 with open(result_path(result_dir, rank), "rb") as f:
