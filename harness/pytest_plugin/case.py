@@ -32,7 +32,7 @@ from harness.process import shared
 from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
 from harness.pytest_plugin.call import FunctionCall
-from harness.pytest_plugin.in_rank import RANKS_SCOPE, call_in_rank
+from harness.pytest_plugin.in_rank import RANKS_SCOPE, call_in_rank, rank_device
 from harness.threads.case import MultiThreadedTestCase
 
 __unittest = True
@@ -114,9 +114,9 @@ class FunctionCase(RankedTestCase):
 
     def use_device(self) -> None:
         """Make the rank's accelerator its current device (nothing on CPU)."""
-        call = self.rank_call()
-        if call.device_type != "cpu" and call.devices:
-            torch.get_device_module(call.device_type).set_device(call.devices[self.rank])
+        device = rank_device(self.rank_call(), self.rank)
+        if device.type != "cpu":
+            torch.get_device_module(device.type).set_device(device)
 
     def init_group(self, **rendezvous: Any) -> None:
         """The default group of this call's backend (its timeout beyond the test's own), then
