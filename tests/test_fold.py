@@ -3,6 +3,8 @@ and the result mixin that takes a test's own report instead of folding its repla
 
 from __future__ import annotations
 
+import gc
+import sys
 import unittest
 from typing import Any, List, Tuple
 
@@ -183,6 +185,34 @@ class Mixin(unittest.TestCase):
         result = Reports()
         with self.assertRaises(KeyboardInterrupt):
             cases("test_interrupted").run(result)
+        self.assertEqual(result.reports, [])
+
+    def test_an_interruption_as_a_test_part_ends_adds_no_failure_later(self) -> None:
+        # Ctrl-C landing in the context manager's __exit__ of unittest's testPartExecutor:
+        # its generator is closed when the interruption is dropped, adding GeneratorExit as
+        # an error of the test that already stopped (run_all once counted it as a failure).
+        cases = _cases()
+        result = Reports()
+
+        def interrupt_at_exit(frame: Any, event: str, arg: Any) -> Any:
+            gen = frame.f_locals.get("self") if frame.f_code.co_name == "__exit__" else None
+            if event == "call" and getattr(getattr(gen, "gen", None), "__name__", "") == (
+                "testPartExecutor"
+            ):
+                sys.settrace(None)
+                raise KeyboardInterrupt
+            return None
+
+        def run_interrupted() -> None:
+            sys.settrace(interrupt_at_exit)
+            try:
+                cases("test_points").run(result)
+            finally:
+                sys.settrace(None)
+
+        with self.assertRaises(KeyboardInterrupt):
+            run_interrupted()
+        gc.collect()
         self.assertEqual(result.reports, [])
 
     def test_a_result_that_takes_no_report_sees_only_the_replay(self) -> None:

@@ -209,6 +209,13 @@ class OneReportPerTest:
         return self._exc_info_to_string(err, test)  # type: ignore[attr-defined]
 
     def _problem(self, test: Any, status: str, err: Any) -> None:
+        if isinstance(test, unittest.TestCase) and (
+            self._builder is None or test is not self._builder.test
+        ):
+            # A part of a test that already stopped: an interruption that landed in unittest's
+            # testPartExecutor leaves its generator to be closed later, which adds
+            # GeneratorExit as an error of the stopped test. It did not fail; it was stopped.
+            return
         text = self._text(err, test)
         if self._builder is None:  # a fixture outside any test
             report = fixture_report(test, status, last_line(text), text, err[0].__name__,
