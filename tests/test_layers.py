@@ -23,6 +23,7 @@ KNOWN_CYCLES: List[Set[str]] = []
 FOUNDATION = {
     "harness.testcase", "harness.comparison", "harness.parametrize", "harness.subtests",
     "harness.skips", "harness.devices", "harness.device_type", "harness.dist_utils",
+    "harness.pytest_marks",
 }
 ABOVE_FOUNDATION = ("harness.launch", "harness.process", "harness.threads", "harness.runner",
                     "harness.kit")

@@ -199,7 +199,13 @@ def test_hang_report_beats_pytest_timeout_and_tb_line_points_at_the_users_line(
 @pytest.mark.slow
 def test_debug_rank_gets_the_terminal_for_breakpoint(tmp_path: Path) -> None:
     (tmp_path / "test_debug.py").write_text(textwrap.dedent('''
+        import pytest
+
         from harness import MultiProcessTestCase
+
+        @pytest.mark.ranks(2)
+        def test_marked(rank):
+            assert rank in (0, 1)
 
         class TestDebug(MultiProcessTestCase):
             @property
@@ -220,9 +226,12 @@ def test_debug_rank_gets_the_terminal_for_breakpoint(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin",
                "-p", "no:cacheprovider", "-q", "test_debug.py", "--debug-rank", "1"]
     seen = _in_terminal(command, tmp_path, env, after="(Pdb)", answers=["p secret", "c"])
-    assert "has this terminal" in seen, seen
+    assert "[harness] rank 1 has this terminal" in seen, seen
+    # each test the rank runs is named as the user knows it (a marked function: its node id)
+    assert "[harness] rank 1 runs test_debug.py::test_marked: breakpoint()" in seen, seen
+    assert "[harness] rank 1 runs test_debug.TestDebug.test_step" in seen, seen
     assert "41" in seen, seen
-    assert "1 passed" in seen, seen
+    assert "2 passed" in seen, seen
 
 
 def _in_terminal(

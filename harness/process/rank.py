@@ -119,6 +119,9 @@ class RankRun:
         except Exception:
             self._channel.send(failure_event(sys.exc_info()))
             return
+        if _terminal:  # `--debug-rank`: say which test the person at the terminal steps through
+            print(f"[harness] rank {spec.rank} runs {_id_as_the_user_knows_it(spec, case)}: "
+                  "breakpoint() stops here", flush=True)
         case.run(self._result)
         self.grid_points = context.grid_points
 
@@ -371,8 +374,14 @@ def _use_terminal(spec: RankSpec) -> None:
     os.close(fd)
     sys.stdin = open(0, closefd=False)  # multiprocessing gave the rank /dev/null
     _terminal.append(True)
-    print(f"[harness] rank {spec.rank} of {spec.qualname}.{spec.method or '*'} has this "
-          "terminal: breakpoint() stops here", flush=True)
+    print(f"[harness] rank {spec.rank} has this terminal", flush=True)
+
+
+def _id_as_the_user_knows_it(spec: RankSpec, case: Any) -> str:
+    """The test's id under the supervisor's module name (a rank imports a main script as
+    `__mp_main__`, where the user ran `__main__`)."""
+    test_id, module = case.id(), type(case).__module__
+    return spec.module + test_id[len(module):] if test_id.startswith(f"{module}.") else test_id
 
 
 _terminal: List[bool] = []  # non-empty once this rank has the terminal (`--debug-rank`)

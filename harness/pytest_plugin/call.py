@@ -18,9 +18,11 @@ import sys
 from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 from types import ModuleType
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import pytest
+
+from harness.pytest_marks import marks_on
 
 # Fixtures every rank builds for itself: its identity, and pytest's own fixtures that act
 # inside the rank (patches, captures, log records and warnings of the rank's code).
@@ -114,11 +116,6 @@ def find_target(module: str, qualname: str, path: Optional[str] = None) -> Any:
     return getattr(owner, parts[-1])
 
 
-def _marks(obj: Any) -> Iterator[Any]:
-    marks = getattr(obj, "pytestmark", [])
-    yield from marks if isinstance(marks, list) else [marks]
-
-
 def marked_param(
     module: str, qualname: str, name: str, index: int, path: Optional[str] = None
 ) -> Tuple[bool, Any]:
@@ -130,7 +127,7 @@ def marked_param(
         target = getattr(target, part, None)
         owners.insert(0, target)
     for owner in owners:
-        for mark in _marks(owner):
+        for mark in marks_on(owner):
             if getattr(mark, "name", None) != "parametrize" or len(mark.args) < 2:
                 continue
             names = mark.args[0]

@@ -23,7 +23,9 @@ from typing import Any, Iterator, List, Optional, Tuple
 _APPLIED = "__harness_pytest_marks__"
 
 
-def _marks(obj: Any) -> List[Any]:
+def marks_on(obj: Any) -> List[Any]:
+    """The pytest marks `obj` (a function, class or module) carries itself, read as pytest
+    stores them (`pytestmark`: one mark or a list)."""
     found = getattr(obj, "pytestmark", [])
     return list(found) if isinstance(found, (list, tuple)) else [found]
 
@@ -31,9 +33,9 @@ def _marks(obj: Any) -> List[Any]:
 def marks_of(test: unittest.TestCase) -> Iterator[Any]:
     """The pytest marks that apply to `test`: its method's, its class's, its module's."""
     cls = type(test)
-    yield from _marks(getattr(cls, test._testMethodName, None))
-    yield from _marks(cls)
-    yield from _marks(sys.modules.get(cls.__module__))
+    yield from marks_on(getattr(cls, test._testMethodName, None))
+    yield from marks_on(cls)
+    yield from marks_on(sys.modules.get(cls.__module__))
 
 
 def _holds(condition: Any, test: unittest.TestCase) -> Tuple[bool, str]:
