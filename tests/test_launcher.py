@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Tuple
 from unittest import mock
 
 from harness.devices import HarnessConfigError
-from harness.launch.case import SUPERVISOR_RANK, RankedTestCase
+from harness.launch.case import SUPERVISOR_RANK, RankedTestCase, timeout_before
 from harness.launch.context import RankContext
 from harness.launch.in_process import SimulatedRanks, run_rank_here
 from harness.launch.launcher import Launcher, RankSetup
@@ -171,6 +171,20 @@ class NewModeNeedsOnlyALauncher(unittest.TestCase):
         case = faked(world_size="two")("test_body")
         with self.assertRaisesRegex(HarnessConfigError, "^Faked.world_size must be a positive"):
             case.checked_rank_settings()
+
+
+class RunnersDeadline(unittest.TestCase):
+    """A runner's deadline (pytest-timeout's) leaves the ranks most of the time: a test well
+    inside `--timeout 10` passes, and the hang report still comes before the runner's."""
+
+    def test_the_ranks_get_all_but_a_margin_of_about_a_quarter(self) -> None:
+        self.assertEqual(timeout_before(10.0), 7.5)  # 2.5 s: enough to stop and report
+        self.assertEqual(timeout_before(16.0), 12.0)  # a quarter
+        self.assertEqual(timeout_before(60.0), 55.0)  # at most 5 s
+
+    def test_a_short_deadline_still_leaves_the_ranks_time(self) -> None:
+        self.assertEqual(timeout_before(3.0), 1.2)  # 60% of it at most for the margin
+        self.assertEqual(timeout_before(0.05), 0.1)  # never below the least timeout
 
 
 class Context(unittest.TestCase):

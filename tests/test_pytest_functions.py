@@ -33,7 +33,11 @@ EXPECTED = {
     "test_one_rank_fails_other_waits": "failed",
     "test_hang": "failed",
     "test_hang_under_pytest_timeout": "skipped",
+    "test_within_pytest_timeout": "skipped",
     "test_crash": "failed",
+    "test_exits": "failed",
+    "test_compare_explained": "failed",
+    "test_pytest_fail_in_rank": "failed",
     "test_skip_in_ranks": "skipped",
     "test_size_zero": "error",
     "test_bad_mode": "error",
@@ -171,6 +175,23 @@ class TestReports:
         text = section(output, "test_rank1_fails")
         assert ">       assert value == 0" in text
         assert "Captured stdout+stderr call (rank 1)" in output and "output of rank 1" in output
+        # the whole explanation, as pytest gives it in its own process
+        explained = section(output, "test_compare_explained")
+        assert "rank 1: AssertionError: assert [1, 2, 3] == [1, 2, 4]" in explained, explained
+        assert "At index 2 diff: 3 != 4" in explained, explained
+
+    def test_pytest_fail_in_a_rank_reads_as_pytests_at_the_users_line(self) -> None:
+        assert message("test_pytest_fail_in_rank").startswith(
+            "rank 1: Failed: rank 1 gave up on purpose")
+        text = section(serial_run().output, "test_pytest_fail_in_rank")
+        assert '>           pytest.fail("rank 1 gave up on purpose")' in text, text
+        assert "contextlib" not in text and "_pytest/" not in text, text
+
+    def test_an_exit_points_at_the_test_alone(self) -> None:
+        assert message("test_exits").startswith("rank 1: exited with code 3")
+        text = section(serial_run().output, "test_exits")
+        assert ">   def test_exits(rank):" in text, text
+        assert "def test_crash" not in text and "import" not in text, text  # not the module
 
     def test_one_rank_failing_does_not_deadlock_the_other(self) -> None:
         assert message("test_one_rank_fails_other_waits").startswith(
@@ -195,6 +216,11 @@ class TestReports:
         assert "unknown option 'colour'" in message("test_bad_option")
         assert "fixture 'lock'" in message("test_unsendable")
         assert "@harness.rank_fixture" in message("test_unsendable")
+        unsendable = section(serial_run().output, "test_unsendable")
+        assert unsendable.count("cannot be sent") == 1, unsendable  # said once, no chain
+        local = section(serial_run().output, "test_pool_local_function")
+        assert "is not a module-level function" in local
+        assert "pool.py" not in local, local  # at the user's line, not in the pool
         assert "@pytest.mark.ranks(N)" in message("test_rank_without_marker")
         assert "already a multi-rank unittest class" in message("TestAlreadyRanked::test_x")
         assert "not a module-level function" in message("test_pool_local_function")
@@ -252,7 +278,12 @@ class TestPytestOptions:
     @functools.cache
     def timeout_run() -> Run:
         return _run("--timeout", "10", "-x", "-k",
-                    "hang_under_pytest_timeout or sum or crash", WITH_PYTEST_TIMEOUT="1")
+                    "pytest_timeout or sum or crash", WITH_PYTEST_TIMEOUT="1")
+
+    def test_a_test_well_inside_pytest_timeout_runs_to_its_end(self) -> None:
+        # --timeout 10 leaves the ranks 7.5 s (was 4.9: a 6 s test failed)
+        outcome, text = self.timeout_run().outcomes["test_within_pytest_timeout"]
+        assert outcome == "passed", text
 
     def test_pytest_timeout_shows_the_harness_hang_report(self) -> None:
         outcome, text = self.timeout_run().outcomes["test_hang_under_pytest_timeout"]

@@ -42,9 +42,18 @@ __tracebackhide__ = True
 
 SUPERVISOR_RANK = -1
 # Before a runner's deadline, time to stop the ranks (each mode gives a rank about 2 s to
-# dump its stack or unwind) and to report: this much, or 60% of the time left if less.
-REPORT_MARGIN_S = 5.0
+# dump its stack or unwind) and to report: a quarter of the time left, at least 2.5 s and at
+# most 5 s, and never more than 60% of it (a short deadline still leaves the ranks time).
+MAX_REPORT_MARGIN_S = 5.0
+MIN_REPORT_MARGIN_S = 2.5
 MIN_TIMEOUT_S = 0.1
+
+
+def timeout_before(left: float) -> float:
+    """The ranks' timeout when a runner's deadline is `left` seconds away (pytest-timeout's
+    `--timeout 10`: 7.5 s), so that the harness's hang report comes before the runner's own."""
+    margin = min(MAX_REPORT_MARGIN_S, max(MIN_REPORT_MARGIN_S, left * 0.25), left * 0.6)
+    return max(MIN_TIMEOUT_S, math.floor((left - margin) * 10) / 10)
 
 
 class RankedTestCase(TestCase):
@@ -191,9 +200,7 @@ class RankedTestCase(TestCase):
         """Cap the timeout so that the ranks are stopped and reported before `deadline`."""
         if self.deadline is None:
             return
-        left = self.deadline - time.monotonic()
-        allowed = math.floor((left - min(REPORT_MARGIN_S, left * 0.6)) * 10) / 10
-        self.timeout_cap = max(MIN_TIMEOUT_S, allowed)
+        self.timeout_cap = timeout_before(self.deadline - time.monotonic())
 
     def attach_rank(self, context: RankContext) -> None:
         """Make this instance the rank `context` describes (the launcher calls it before

@@ -10,6 +10,7 @@ noise (other threads, the "Extension modules" list) is left out.
 
 from __future__ import annotations
 
+import importlib.util
 import linecache
 import os
 import re
@@ -35,7 +36,12 @@ _HIDDEN = tuple(
         "runner" + os.sep, "compat" + os.sep, "testcase.py", "comparison.py", "subtests.py",
         "parametrize.py", "pytest_plugin" + os.sep,
     )
-) + (os.path.dirname(unittest.__file__) + os.sep,)
+) + (os.path.dirname(unittest.__file__) + os.sep,) + tuple(
+    # pytest's own frames (`pytest.fail` in a rank), which pytest hides in its reports too
+    os.path.dirname(spec.origin) + os.sep
+    for spec in (importlib.util.find_spec(name) for name in ("_pytest", "pluggy"))
+    if spec is not None and spec.origin is not None
+)
 # Hidden only below the first frame of the test: what starts a process or a thread.
 _STARTERS = (
     os.path.dirname(os.path.abspath(threading.__file__)) + os.sep + "multiprocessing" + os.sep,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, Generator, Optional
+from typing import Any, Generator, Optional, Tuple
 
 import pytest
 
@@ -89,7 +89,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Name the collected modules pytest rewrote, for the forkserver to rewrite them too."""
     modules = {getattr(item, "module", None) for item in session.items}
-    assert_rewrite.rewrite_in_ranks(assert_rewrite.rewritten_by_pytest(modules))
+    config = session.config
+    assert_rewrite.rewrite_in_ranks(
+        assert_rewrite.rewritten_by_pytest(modules),
+        config.get_verbosity(pytest.Config.VERBOSITY_ASSERTIONS), _truncation(config),
+    )
+
+
+def _truncation(config: pytest.Config) -> Tuple[int, int]:
+    """pytest's cut of an assertion explanation (lines, characters; (0, 0): none), by its
+    rule: the ini limits (8 lines, 640 characters by default), none on CI."""
+    if any(os.environ.get(name) for name in ("CI", "BUILD_NUMBER")):
+        return 0, 0
+    lines, chars = (config.getini(f"truncation_limit_{kind}") for kind in ("lines", "chars"))
+    return (int(lines) if lines is not None else 8), (int(chars) if chars is not None else 640)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

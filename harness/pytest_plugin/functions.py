@@ -123,7 +123,9 @@ def pytest_runtest_setup(item: pytest.Item) -> Any:
         try:
             item.stash[stash.CALL] = build_call(item, ranks)
         except CallError as error:
-            pytest.fail(str(error), pytrace=False)
+            problem = str(error)
+        if problem is not None:  # outside the except: one message, not a chain of two
+            pytest.fail(problem, pytrace=False)
     return result
 
 

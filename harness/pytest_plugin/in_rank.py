@@ -168,15 +168,13 @@ def call_in_rank(
         _pool_call(call, target, rank, world_size)
         return
     arguments = Arguments(call, rank, world_size, init_method, keep_ranks_scope)
-    with arguments.teardown, _as_unittest_outcomes():
-        kwargs = {name: arguments.value(name) for name in call.argnames}
-        target(**kwargs)
+    with arguments.teardown:
+        _as_unittest(lambda: target(**{name: arguments.value(name) for name in call.argnames}))
 
 
 def _pool_call(call: FunctionCall, target: Any, rank: int, world_size: int) -> None:
     """rank_pool.run's call: `fn(rank, world_size, *args, **kwargs)`, its value sent back."""
-    with _as_unittest_outcomes():
-        value = target(rank, world_size, *(call.pool_args or ()), **call.values)
+    value = _as_unittest(lambda: target(rank, world_size, *(call.pool_args or ()), **call.values))
     assert call.result_dir is not None
     try:
         data = pickle.dumps(value)
@@ -189,15 +187,21 @@ def _pool_call(call: FunctionCall, target: Any, rank: int, world_size: int) -> N
         f.write(data)
 
 
-@contextlib.contextmanager
-def _as_unittest_outcomes() -> Any:
-    """pytest's outcome exceptions (BaseExceptions unittest would count as errors) as the
-    unittest outcomes they mean."""
+class Failed(AssertionError):
+    """`pytest.fail(msg)` in a rank: a failure (an AssertionError to unittest) that reads as
+    pytest's own, `Failed: msg`."""
+
+
+Failed.__module__ = "builtins"  # printed as `Failed: msg`, as pytest prints its own
+
+
+def _as_unittest(body: Callable[[], Any]) -> Any:
+    """`body()`, with pytest's outcome exceptions (BaseExceptions unittest would count as
+    errors) raised as the unittest outcomes they mean, their traceback kept (the report
+    points at the user's `pytest.fail` line)."""
     try:
-        yield
+        return body()
     except pytest.skip.Exception as skip:
-        raise unittest.SkipTest(skip.msg) from None
+        raise unittest.SkipTest(skip.msg).with_traceback(skip.__traceback__) from None
     except pytest.fail.Exception as failure:
-        raise AssertionError(failure.msg) from None
-
-
+        raise Failed(failure.msg).with_traceback(failure.__traceback__) from None

@@ -25,12 +25,19 @@ from harness.pytest_plugin.call import FunctionCall, check_sendable, result_path
 from harness.pytest_plugin.functions import GROUP_TIMEOUT_MARGIN_S, run_placed
 from harness.pytest_plugin.marker import MarkerError, Ranks, check, world_sizes
 
+# pytest shows a bad call or a rank's failure at the test's `rank_pool.run(...)` line, not in
+# the pool's own code.
+__tracebackhide__ = True
+
 
 class RankPool:
     """Runs module-level functions on a set of ranks for the test that asked for it."""
 
     def __init__(self, node: pytest.Item) -> None:
         self._node = node
+
+    def __repr__(self) -> str:
+        return f"<rank_pool of {self._node.nodeid}>"
 
     def run(
         self, fn: Callable[..., Any], *args: Any, world_size: int = 2, mode: str = "shared",

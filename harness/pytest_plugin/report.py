@@ -58,10 +58,13 @@ def _labelled_error(label: str, message: str) -> Exception:
 
 
 def _test_frame(item: pytest.Item) -> Frame:
-    """Where the test is defined: the frame a report points at when the ranks gave none."""
+    """Where the test is defined, at its `def` line (its decorators above it): the frame a
+    report points at when the ranks gave none (a crash, an exit)."""
     path, lineno, _ = item.reportinfo()
     name = getattr(item, "originalname", None) or item.name
-    return Frame(str(path), (lineno or 0) + 1, name)
+    line = (lineno or 0) + 1  # pytest's is 0-based, at the first decorator
+    found = [d for first, d, _, n in _functions(str(path)) if n == name and first <= line <= d]
+    return Frame(str(path), min(found) if found else line, name)
 
 
 def _traceback(frames: List[Frame], error: BaseException) -> Optional[TracebackType]:
@@ -82,11 +85,14 @@ def _one_frame(frame: Frame, error: BaseException) -> TracebackType:
     statement = "raise (__error" + " " * max(0, len(line.strip()) - 15) + ")"
     first = _function_start(frame.filename, frame.lineno, frame.name)
     namespace = {"__error": error, "__name__": "__harness_rank__"}
-    if first is not None and first < frame.lineno:
-        source = (
-            "\n" * (first - 1) + "def _f():\n" + "\n" * (frame.lineno - first - 1)
-            + " " * max(indent, 1) + statement + "\n"
-        )
+    if first is not None:  # a function's frame shows the function's lines, not the module's
+        if first < frame.lineno:
+            source = (
+                "\n" * (first - 1) + "def _f():\n" + "\n" * (frame.lineno - first - 1)
+                + " " * max(indent, 1) + statement + "\n"
+            )
+        else:  # at the function's first line (a one-line function, a `def` undecorated)
+            source = "\n" * (first - 1) + "def _f(): " + statement + "\n"
         exec(compile(source, frame.filename, "exec"), namespace)
         function = namespace["_f"]
         names = {"co_name": frame.name}
@@ -108,18 +114,20 @@ def _one_frame(frame: Frame, error: BaseException) -> TracebackType:
 
 def _function_start(filename: str, lineno: int, name: str) -> Optional[int]:
     """The first line (decorators included) of the innermost function `name` around `lineno`."""
-    spans = [(a, b) for a, b, n in _functions(filename) if n == name and a <= lineno <= b]
+    spans = [(a, b) for a, _, b, n in _functions(filename) if n == name and a <= lineno <= b]
     return max(spans)[0] if spans else None
 
 
 @functools.lru_cache(maxsize=64)
-def _functions(filename: str) -> Tuple[Tuple[int, int, str], ...]:
+def _functions(filename: str) -> Tuple[Tuple[int, int, int, str], ...]:
+    """Each function of the file: (first line with its decorators, `def` line, last line,
+    name)."""
     try:
         tree = ast.parse("".join(linecache.getlines(filename)))
     except (SyntaxError, ValueError):
         return ()
     return tuple(
-        (min([node.lineno] + [d.lineno for d in node.decorator_list]),
+        (min([node.lineno] + [d.lineno for d in node.decorator_list]), node.lineno,
          node.end_lineno or node.lineno, node.name)
         for node in ast.walk(tree)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
