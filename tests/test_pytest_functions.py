@@ -55,6 +55,8 @@ EXPECTED = {
     "test_threads": "passed",
     "test_threads_rank_fails": "failed",
     "test_xfail": "skipped",
+    "test_xfail_raises": "skipped",
+    "test_xfail_raises_another": "failed",
     "test_request_is_refused": "error",
     "test_shared_first": "passed",
     "test_shared_leaks": "failed",
@@ -149,16 +151,27 @@ def message(test: str) -> str:
     return serial_run().outcomes[test][1]
 
 
+def assert_outcomes(run: Run) -> None:
+    """Every test of the user file has its EXPECTED outcome; else each one that differs, with
+    its message and its part of the output."""
+    got = {test: outcome for test, (outcome, _) in run.outcomes.items()}
+    wrong = {t: (got.get(t), EXPECTED.get(t)) for t in {*got, *EXPECTED}
+             if got.get(t) != EXPECTED.get(t)}
+    shown = []
+    for test in wrong:
+        lines = [line for line in run.output.splitlines() if test.split("::")[-1] in line]
+        shown.append(f"{test}: {run.outcomes.get(test)}\n" + "\n".join(lines[:20]))
+    assert not wrong, f"(got, expected): {wrong}\n" + "\n\n".join(shown) + run.output[-2000:]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(360)  # a limit of its own: a harness that never times out fails here
 class TestOutcomes:
     def test_every_test_has_its_outcome(self) -> None:
-        got = {test: outcome for test, (outcome, _) in serial_run().outcomes.items()}
-        assert got == EXPECTED, serial_run().output[-3000:]
+        assert_outcomes(serial_run())
 
     def test_pytest_xdist_gives_the_same_outcomes(self) -> None:
-        got = {test: outcome for test, (outcome, _) in xdist_run().outcomes.items()}
-        assert got == EXPECTED, xdist_run().output[-3000:]
+        assert_outcomes(xdist_run())
 
     def test_nothing_is_left_behind(self) -> None:
         assert serial_run().tmp_entries == []

@@ -22,7 +22,7 @@ import pytest
 from harness import devices
 from harness.launch.case import RankedTestCase
 from harness.process import forkserver, shared
-from harness.pytest_plugin import case, deepspeed, leases, stash
+from harness.pytest_plugin import case, deepspeed, leases, report, stash
 from harness.pytest_plugin.call import (
     IN_RANK_BUILTINS,
     RANK_OWN,
@@ -204,6 +204,11 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Optional[bool]:
     try:
         for size in ranks.sizes:  # one, but a DistributedTest's list runs in turn
             run_placed(call, ranks, size, pyfuncitem.stash.get(stash.DEADLINE, None), records)
+    except Exception as error:
+        raised = report.as_raised_in_the_rank(error, pyfuncitem)  # for xfail(raises=...)
+        if raised is error:
+            raise
+        raise raised from None
     finally:
         pyfuncitem.stash[stash.RECORDS] = records
     return True

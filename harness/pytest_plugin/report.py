@@ -6,7 +6,9 @@ collectives as sections. Used for the harness's classes and marked functions ali
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
+import importlib
 import linecache
 import sys
 import sysconfig
@@ -16,6 +18,7 @@ from typing import Any, List, Optional, Tuple
 import pytest
 
 from harness.outcome import stacks
+from harness.outcome.replay import rank_report
 from harness.outcome.report import RankReport
 from harness.outcome.stacks import Frame
 
@@ -132,3 +135,37 @@ def _functions(filename: str) -> Tuple[Tuple[int, int, int, str], ...]:
         for node in ast.walk(tree)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
     )
+
+
+def as_raised_in_the_rank(error: BaseException, item: pytest.Item) -> BaseException:
+    """`error` (a multi-rank failure) as an instance of the lead rank's exception class, where
+    the test's `xfail(raises=...)` names that class or a base of it (pytest checks the raised
+    exception's type); `error` itself otherwise."""
+    raises = [mark.kwargs["raises"] for mark in item.iter_markers("xfail")
+              if mark.kwargs.get("raises") is not None]
+    lead = rank_report(error)
+    if not raises or lead is None:
+        return error
+    name, colon, _ = lead.message.partition("\n")[0].partition(":")
+    cls = _exception_class(name) if colon else None
+    if cls is None or not any(issubclass(cls, expected) for expected in raises):
+        return error
+    try:
+        twin = cls.__new__(cls, *error.args)
+        twin.__dict__.update(vars(error))  # the report in parts it carries
+    except Exception:  # a class that cannot be stood up so: pytest judges the failure as is
+        return error
+    return twin.with_traceback(error.__traceback__)
+
+
+def _exception_class(name: str) -> Optional[type]:
+    """The exception class a traceback names (`ValueError`, `pkg.errors.Mine`), if it can
+    be found here."""
+    module, _, qualname = name.strip().rpartition(".")
+    try:
+        found: Any = importlib.import_module(module) if module else builtins
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return found if isinstance(found, type) and issubclass(found, BaseException) else None
