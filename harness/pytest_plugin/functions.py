@@ -120,12 +120,13 @@ def pytest_runtest_setup(item: pytest.Item) -> Any:
     result = yield  # pytest resolves the fixtures
     ranks = item.stash.get(RANKS, None)
     if ranks is not None and isinstance(item, pytest.Function):
+        unsendable = None
         try:
             item.stash[stash.CALL] = build_call(item, ranks)
         except CallError as error:
-            problem = str(error)
-        if problem is not None:  # outside the except: one message, not a chain of two
-            pytest.fail(problem, pytrace=False)
+            unsendable = str(error)
+        if unsendable is not None:  # outside the except: one message, not a chain of two
+            pytest.fail(unsendable, pytrace=False)
     return result
 
 
