@@ -46,6 +46,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from tests.fixtures import procs  # noqa: E402 - the one /proc reader of tests and benchmarks
+
 TAIL_CHARS = 4000
 GROUP_EXIT_WAIT_S = 10.0  # how long a run's helpers (forkserver, pool workers) may take to exit
 
@@ -203,18 +206,7 @@ class Run:
 
 def group_members(pgid: int) -> List[int]:
     """The processes in process group `pgid`, from /proc."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if len(fields) > 2 and int(fields[2]) == pgid:
-            found.append(int(entry))
-    return found
+    return [p.pid for p in procs.processes() if p.pgrp == pgid]
 
 
 def stop_group(pgid: int, wait_s: float) -> List[int]:

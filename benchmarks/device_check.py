@@ -49,6 +49,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from tests.fixtures import procs  # noqa: E402 - the one /proc reader of tests and benchmarks
+
 BENCH_MIN_CORES = 8
 DEFAULT_BUDGET_S = 270.0  # + a killed command's grace (15 s): under 5 minutes
 MIN_COMMAND_S = 5.0  # a command is not started with less of the budget left
@@ -296,20 +299,7 @@ class Result:
 
 def live_members(pgid: int) -> List[str]:
     """The processes of group `pgid` still alive (zombies excluded), as `pid name`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        name = stat[stat.find("(") + 1:stat.rfind(")")]
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            found.append(f"{entry} {name}")
-    return found
+    return [f"{p.pid} {p.name}" for p in procs.processes() if p.state != "Z" and p.pgrp == pgid]
 
 
 def stop_group(proc: subprocess.Popen) -> None:

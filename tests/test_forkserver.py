@@ -26,7 +26,7 @@ import pytest
 
 from harness.process import forkserver
 from tests import zygote
-from tests.fixtures import child_env
+from tests.fixtures import child_env, procs
 
 WAIT_S = 240.0
 ORPHAN_WAIT_S = 5.0  # after SIGKILL of the runner, for the forkserver to clean up and exit
@@ -134,11 +134,8 @@ if __name__ == "__main__":
 
 def alive(pid: int) -> bool:
     """Whether `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
+    found = procs.process(pid)
+    return found is not None and found.state != "Z"
 
 
 @pytest.mark.slow
@@ -398,16 +395,7 @@ MAX_DEPTH = 2
 
 def _session_parents(sid: int) -> Dict[int, int]:
     """pid -> parent pid of the live (not zombie) processes of session `sid`."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if entry.isdigit() and fields[0] != "Z" and int(fields[3]) == sid:
-            parents[int(entry)] = int(fields[1])
-    return parents
+    return {p.pid: p.ppid for p in procs.processes() if p.state != "Z" and p.session == sid}
 
 
 def session_processes(sid: int) -> List[int]:

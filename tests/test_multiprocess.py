@@ -33,6 +33,7 @@ from harness.process.supervisor import RankGroup
 from harness.skips import TEST_SKIPS, skip_if_no_gpu
 from tests import fault_cases
 from tests.fault_cases import FAULT_DIR_ENV
+from tests.fixtures import procs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,12 +52,8 @@ class RecordingResult(unittest.TestResult):
 
 def _alive(pid: int) -> bool:
     """Whether pid is a live process (a zombie waiting to be reaped counts as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
+    found = procs.process(pid)
+    return found is not None and found.state not in ("Z", "X")
 
 
 def _wait_until(condition: Any, limit_s: float) -> bool:

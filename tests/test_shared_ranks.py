@@ -26,6 +26,7 @@ from harness.process import forkserver
 from harness.skips import TEST_SKIPS
 from tests import fault_cases
 from tests.fault_cases import FAULT_DIR_ENV
+from tests.fixtures import procs
 from tests.test_multiprocess import ROOT, RecordingResult, _alive, _wait_until
 
 pytestmark = pytest.mark.slow  # every test starts a class's rank processes
@@ -226,18 +227,7 @@ _SCRIPT = textwrap.dedent(
 
 def _session_processes(sid: int) -> List[int]:
     """Live processes of session `sid` (zombies do not count)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
-            found.append(int(entry))
-    return found
+    return [p.pid for p in procs.processes() if p.session == sid and p.state not in ("Z", "X")]
 
 
 class TestNothingLeft(SharedCaseTest):

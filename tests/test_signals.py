@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Tuple
 import pytest
 
 from harness.runner import lifecycle
-from tests.fixtures import REPO, child_env
+from tests.fixtures import REPO, child_env, procs
 
 WAIT_S = 240.0  # to start torch, the forkserver and the ranks on a loaded 2-core machine
 ORPHAN_WAIT_S = 5.0  # after SIGKILL of the runner: the forkserver's and ranks' clean-up (~1.5 s)
@@ -83,18 +83,10 @@ EXITING_SUITE = 'import sys\nprint("no configuration, giving up")\nsys.exit(3)\n
 def session_processes(sid: int) -> List[str]:
     """Every process (zombies included) whose session id is `sid`, as `pid state command`."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
-        except OSError:  # exited while we looked
-            continue
-        if int(fields[3]) == sid:  # fields: state, ppid, pgrp, session, ...
-            found.append(f"{entry} {fields[0]} {command}")
+    for process in procs.processes():
+        command = procs.command_line(process.pid)
+        if process.session == sid and command is not None:  # None: exited while we looked
+            found.append(f"{process.pid} {process.state} {command[:120]}")
     return found
 
 
