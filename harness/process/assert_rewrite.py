@@ -26,13 +26,14 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Seq
 
 REWRITE_ENV = "HARNESS_PYTEST_REWRITE"
 EXPLAIN_ENV = "HARNESS_PYTEST_EXPLAIN"  # "verbosity,max lines,max chars"; limits 0,0: no cut
+PYTEST_TRUNCATION = (8, 640)  # pytest's own limits (lines, characters) when its ini sets none
 _REWRITTEN_MARK = "@pytest_ar"  # the name pytest's rewriting adds to a module's globals
 _names: List[str] = []  # what the pytest plugin asked for, in this process
 _explain_settings: List[str] = []
 
 
 def rewrite_in_ranks(names: Iterable[str], verbosity: int = 0,
-                     truncation: Tuple[int, int] = (8, 640)) -> None:
+                     truncation: Tuple[int, int] = PYTEST_TRUNCATION) -> None:
     """Have rank processes started from now on rewrite these modules (the pytest plugin),
     explaining failed comparisons at this assertion `verbosity`, cut to `truncation` (lines,
     characters; (0, 0) never cuts), as pytest would in its own process."""
@@ -136,7 +137,8 @@ def install(env: Dict[str, str]) -> None:
         from _pytest.assertion import util  # pytest is what asked for it
     except ImportError:
         return
-    verbosity, max_lines, max_chars = (int(v) for v in env.get(EXPLAIN_ENV, "0,8,640").split(","))
+    explain = env.get(EXPLAIN_ENV, "0,{},{}".format(*PYTEST_TRUNCATION))
+    verbosity, max_lines, max_chars = (int(v) for v in explain.split(","))
     util._reprcompare = _explainer(verbosity, max_lines, max_chars)
     if not any(isinstance(f, _RewritingFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _RewritingFinder(names))

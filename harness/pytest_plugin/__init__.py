@@ -98,11 +98,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def _truncation(config: pytest.Config) -> Tuple[int, int]:
     """pytest's cut of an assertion explanation (lines, characters; (0, 0): none), by its
-    rule: the ini limits (8 lines, 640 characters by default), none on CI."""
+    rule: the ini limits (else pytest's own), none on CI."""
     if any(os.environ.get(name) for name in ("CI", "BUILD_NUMBER")):
         return 0, 0
-    lines, chars = (config.getini(f"truncation_limit_{kind}") for kind in ("lines", "chars"))
-    return (int(lines) if lines is not None else 8), (int(chars) if chars is not None else 640)
+    limits = (config.getini(f"truncation_limit_{kind}") for kind in ("lines", "chars"))
+    lines, chars = (int(value) if value is not None else default
+                    for value, default in zip(limits, assert_rewrite.PYTEST_TRUNCATION))
+    return lines, chars
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
