@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import unittest
+from unittest import mock
 
 from _pytest.assertion import util
 
@@ -21,6 +22,10 @@ class Explanation(unittest.TestCase):
         names, explain = list(assert_rewrite._names), list(assert_rewrite._explain_settings)
         self.addCleanup(assert_rewrite._names.__setitem__, slice(None), names)
         self.addCleanup(assert_rewrite._explain_settings.__setitem__, slice(None), explain)
+        # pytest explains more on a CI machine (CI or BUILD_NUMBER set): these tests are off it
+        off_ci = mock.patch.dict("os.environ", {"CI": "", "BUILD_NUMBER": ""})
+        off_ci.start()
+        self.addCleanup(off_ci.stop)
 
     def test_a_failed_comparison_is_explained_as_pytest_does(self) -> None:
         explain = assert_rewrite._explainer(0, 8, 640)
@@ -29,6 +34,13 @@ class Explanation(unittest.TestCase):
         self.assertIn("At index 2 diff: 3 != 4", text)
         self.assertIn("Use -v to get more diff", text)
         self.assertIsNone(explain("==", 1, 2))  # nothing to add to `assert 1 == 2`
+
+    def test_on_a_ci_machine_the_whole_diff_is_shown_as_pytest_shows_it(self) -> None:
+        with mock.patch.dict("os.environ", {"CI": "true"}):
+            text = assert_rewrite._explainer(0, 0, 0)("==", [1, 2, 3], [1, 2, 4])
+        assert text is not None
+        self.assertIn("Full diff", text)
+        self.assertNotIn("Use -v to get more diff", text)
 
     def test_long_explanations_are_cut_unless_verbose(self) -> None:
         left, right = list(range(100)), list(range(1, 101))
