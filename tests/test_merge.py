@@ -220,6 +220,15 @@ class CauseFirst(unittest.TestCase):
         self.assertEqual([(f.filename, f.lineno, f.name) for f in lead.frames],
                          [("/u/test_x.py", 7, "test_x")])
 
+    def test_the_lead_problem_keeps_its_phase(self) -> None:
+        set_up = Event(kind="failure", text=USER_TB + "ValueError: bad\n", status="error",
+                       phase="setup")
+        stopped = RankRecord(rank=0, stopped=True, stack=USER_TB)
+        verdict = decide([stopped, done(1, set_up)], None)
+        self.assertEqual((verdict.own.status, verdict.lead.phase), ("error", "setup"))
+        later = Event(kind="failure", text=TRACEBACK)  # raised in the test, after its set-up
+        self.assertEqual(decide([done(1, later)], None).lead.phase, "")
+
     def test_hang_is_blamed_on_the_rank_outside_the_collectives(self) -> None:
         waiting = [CollectiveCall("all_reduce", "the default group", 2, (), False)]
         records = [

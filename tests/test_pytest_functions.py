@@ -54,6 +54,8 @@ EXPECTED = {
     "test_capfd_in_rank": "passed",
     "test_threads": "passed",
     "test_threads_rank_fails": "failed",
+    "test_rank_fixture_fails": "error",
+    "test_rank_fixture_fails_in_threads": "error",
     "test_xfail": "skipped",
     "test_xfail_raises": "skipped",
     "test_xfail_raises_another": "failed",
@@ -247,6 +249,17 @@ class TestReports:
 
     def test_thread_ranks_report_as_process_ranks(self) -> None:
         assert message("test_threads_rank_fails").startswith("rank 0: KeyError: 'thread rank 0'")
+
+    def test_a_rank_fixture_that_raises_is_an_error_at_setup(self) -> None:
+        output = serial_run().output
+        for test in ("test_rank_fixture_fails", "test_rank_fixture_fails_in_threads"):
+            # JUnit's <error>, worded as pytest words a fixture's error
+            assert message(test) == 'failed on setup with "rank 1: ValueError: no data for rank 1"'
+            assert f"ERROR at setup of {test} " in output, output[-3000:]
+            assert f"ERROR test_user.py::{test} - rank 1: ValueError" in output
+        text = section(output, "test_rank_fixture_fails")
+        assert '>           raise ValueError("no data for rank 1")' in text, text  # in the fixture
+        assert "in_rank.py" not in text, text
 
     def test_xfail_and_request(self) -> None:
         assert "XFAIL test_user.py::test_xfail - known to fail on rank 1" in serial_run().output

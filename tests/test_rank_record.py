@@ -18,6 +18,7 @@ from harness.outcome.rank_record import (
     RankRecord,
     RecordSink,
     ReportingResult,
+    SetUpError,
     picklable_params,
 )
 from harness.outcome.report import Shown
@@ -125,6 +126,19 @@ class Reporting(unittest.TestCase):
         self.assertEqual([e.kind for e in record.events], ["failure"])
         self.assertIn("ValueError: boom", record.events[0].text)
         self.assertLess(record.problem_at, float("inf"))
+
+    def test_a_set_up_error_is_its_cause_in_phase_setup(self) -> None:
+        def body(case: unittest.TestCase) -> None:
+            try:
+                raise ValueError("no data")
+            except ValueError as error:
+                raise SetUpError("setting up test_x failed") from error
+
+        event, = self.run_case(body).events
+        self.assertEqual((event.kind, event.status, event.phase), ("failure", "error", "setup"))
+        self.assertTrue(event.text.rstrip().endswith("ValueError: no data"), event.text)
+        self.assertNotIn("SetUpError", event.text)  # the cause is the report, not its wrapper
+        self.assertEqual(self.run_case(lambda self: 1 / 0).events[0].phase, "")
 
     def test_exit_with_a_skip_code_is_a_skip(self) -> None:
         def body(case: unittest.TestCase) -> None:

@@ -24,7 +24,7 @@ class Colour(enum.Enum):
 
 
 LEAD = RankReport("rank 1", "ValueError: x", [Frame("/u/t.py", 7, "test_x")],
-                  [("rank 0 raised as a consequence", "tb0")], hang=False)
+                  [("rank 0 raised as a consequence", "tb0")], hang=False, phase="setup")
 
 
 class JsonRoundTrip(unittest.TestCase):

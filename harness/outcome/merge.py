@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 from harness.outcome import stacks
 from harness.outcome.collective_trace import collectives_section, disagreement, waiting_in
 from harness.outcome.fold import fold
-from harness.outcome.rank_record import RankRecord
+from harness.outcome.rank_record import RankRecord, raised_in_rank
 from harness.outcome.report import (
     ERROR,
     FAILED,
@@ -43,6 +43,7 @@ class Problem(NamedTuple):
     exception: str
     detail: str
     consequence: bool
+    phase: str = ""  # "setup": raised while the rank built the test's fixtures (Event.phase)
 
     def headline(self) -> str:
         if not self.exception:
@@ -88,13 +89,15 @@ def problems_of(
     """The record's problems, each split into head, exception line and detail."""
     found = []
     crashed = record.exitcode is not None and record.exitcode < 0 and not record.stopped
-    for text in record.problems(exit_accepted):
+    phases = [e.phase for e in record.events if raised_in_rank(e)]  # the problems they begin
+    for index, text in enumerate(record.problems(exit_accepted)):
         head, _, detail = text.partition("\n")
         head = head.rstrip(":")
         exception = stacks.exception_text(detail) if detail else ""
         if crashed and not detail and head.startswith(f"rank {record.rank} died by signal"):
             detail = record.stack.strip("\n")  # the stack it crashed with, when it could tell
-        found.append(Problem(record.rank, head, exception, detail, is_consequence(detail)))
+        phase = phases[index] if index < len(phases) else ""
+        found.append(Problem(record.rank, head, exception, detail, is_consequence(detail), phase))
     return found
 
 
@@ -170,6 +173,7 @@ def own_outcome(
             lead_problem.exception or lead_problem.head[len(f"rank {lead_problem.rank} "):],
             where(lead_problem.detail),
             rest + [titled(s[1]) for s in sections if not s[0]] + stopped_parts,
+            phase=lead_problem.phase,
         )
         message = report(head, sections + stopped_parts, records)
         # The rank named first decides, as unittest would in that rank: an exception other

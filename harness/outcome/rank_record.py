@@ -35,6 +35,8 @@ class Event(NamedTuple):
     "expected_failure" (text: traceback), "unexpected_success", "subtest" (params, status
     pass/fail/skip, text), "exit" (count: the code the test passed to sys.exit, upstream's
     exit code of the rank), "done" (count: grid points the rank ran).
+    phase: "setup" for a failure raised while the rank built the test's own fixtures (a
+    marked pytest function's `@rank_fixture`s: pytest's set-up phase), else "".
     """
 
     kind: str
@@ -42,6 +44,13 @@ class Event(NamedTuple):
     params: Optional[Dict[str, Any]] = None
     status: str = ""
     count: int = 0
+    phase: str = ""
+
+
+class SetUpError(Exception):
+    """Raised in a rank when the test's own set-up there failed (a marked pytest function's
+    `@rank_fixture`), with that error as its `__cause__`: reported as the error itself, in
+    phase "setup", so that pytest can say "ERROR at setup" as it does for its fixtures."""
 
 
 def picklable_params(params: Dict[str, Any]) -> Dict[str, Any]:
@@ -105,7 +114,8 @@ class RankRecord:
         return bool(raised) and raised[0].status == "error"
 
     def problems(self, exit_accepted: Optional[Callable[[int, int], bool]] = None) -> List[str]:
-        """Each way this rank failed, as 'rank N ...' text; empty when it did not fail.
+        """Each way this rank failed, as 'rank N ...' text; empty when it did not fail. The
+        exceptions it raised come first, in the order of their events.
 
         `exit_accepted(rank, exitcode)` says which exits the test expects (upstream's
         `special_return_code_checks`, `skip_return_code_checks`): those are no problem.
@@ -257,6 +267,11 @@ class ReportingResult(unittest.TestResult):
         skip = skip_exit_reason(err)
         if skip is not None:
             self.addSkip(test, skip)
+        elif isinstance(err[1], SetUpError) and err[1].__cause__ is not None:
+            self.failed = True
+            cause = err[1].__cause__
+            text = format_error((type(cause), cause, cause.__traceback__))
+            self._sink.send(Event("failure", text, status="error", phase="setup"))
         else:
             self.failed = True
             self._sink.send(Event("failure", format_error(err), status="error"))

@@ -61,16 +61,19 @@ class RankReport(NamedTuple):
     frames: List[Frame]
     sections: List[Tuple[str, str]]
     hang: bool = False  # the test timed out: `frames` are where the rank waits
+    phase: str = ""  # "setup": the rank failed building the test's own fixtures (Event.phase)
 
     def to_data(self) -> Dict[str, Any]:
         return {"label": self.label, "message": self.message,
                 "frames": [list(f) for f in self.frames],
-                "sections": [list(s) for s in self.sections], "hang": self.hang}
+                "sections": [list(s) for s in self.sections], "hang": self.hang,
+                "phase": self.phase}
 
     @classmethod
     def from_data(cls, data: Dict[str, Any]) -> RankReport:
         return cls(data["label"], data["message"], [Frame(*f) for f in data["frames"]],
-                   [(title, text) for title, text in data["sections"]], data["hang"])
+                   [(title, text) for title, text in data["sections"]], data["hang"],
+                   data["phase"])
 
 
 class Outcome(NamedTuple):

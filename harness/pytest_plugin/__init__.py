@@ -160,9 +160,13 @@ def pytest_runtest_makereport(
         longrepr = report_layout.longrepr(item, lead)
         if longrepr is not None:
             report.longrepr = longrepr
+        if lead.phase == "setup" and fixtures.RANKS in item.stash:
+            # A `@rank_fixture` failed in the rank: the test never ran, as when a fixture
+            # fails here ("ERROR at setup of", counted with the errors, JUnit's <error>).
+            report.when = "setup"
     for record in item.stash.get(stash.RECORDS, []):
         if record.output.strip():
-            name = f"Captured stdout+stderr call (rank {record.rank})"
+            name = f"Captured stdout+stderr {report.when} (rank {record.rank})"
             report.sections.append((name, record.output))
     if stash.RECORDS in item.stash:
         del item.stash[stash.RECORDS]

@@ -9,7 +9,8 @@ parent sent. Teardown runs in reverse order of set-up, as pytest's. A "ranks"-sc
 fixture lives as long as the rank process when the ranks are shared (`RanksScope`).
 
 `pytest.skip` in a rank is unittest's skip (so the ranks' verdict counts it), `pytest.fail`
-a failed assertion with its message.
+a failed assertion with its message. An error while the arguments are built is the test's
+set-up error (`SetUpError`): pytest reports it as "ERROR at setup", as for its own fixtures.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import pytest
 import torch
 
+from harness.outcome.rank_record import SetUpError
 from harness.pytest_plugin import captures
 from harness.pytest_plugin.call import (
     IN_RANK_BUILTINS,
@@ -169,7 +171,13 @@ def call_in_rank(
         return
     arguments = Arguments(call, rank, world_size, init_method, keep_ranks_scope)
     with arguments.teardown:
-        _as_unittest(lambda: target(**{name: arguments.value(name) for name in call.argnames}))
+        try:
+            kwargs = _as_unittest(lambda: {name: arguments.value(name) for name in call.argnames})
+        except unittest.SkipTest:
+            raise
+        except Exception as error:  # pytest's set-up phase: "ERROR at setup" (SetUpError)
+            raise SetUpError(f"setting up {call.test_id} failed") from error
+        _as_unittest(lambda: target(**kwargs))
 
 
 def _pool_call(call: FunctionCall, target: Any, rank: int, world_size: int) -> None:
