@@ -56,6 +56,7 @@ EXPECTED = {
     "test_threads_rank_fails": "failed",
     "test_rank_fixture_fails": "error",
     "test_rank_fixture_fails_in_threads": "error",
+    "test_rank_fixture_teardown_fails": "error",
     "test_xfail": "skipped",
     "test_xfail_raises": "skipped",
     "test_xfail_raises_another": "failed",
@@ -260,6 +261,16 @@ class TestReports:
         text = section(output, "test_rank_fixture_fails")
         assert '>           raise ValueError("no data for rank 1")' in text, text  # in the fixture
         assert "in_rank.py" not in text, text
+
+    def test_a_rank_fixture_whose_teardown_raises_errors_at_teardown(self) -> None:
+        test = "test_rank_fixture_teardown_fails"
+        output = serial_run().output
+        assert [len(serial_run().left[f"teardown_test_ran{rank}"]) for rank in (0, 1)] == [1, 1]
+        assert f"PASSED test_user.py::{test}" in output, output[-3000:]  # the test itself
+        assert f"ERROR at teardown of {test} " in output
+        assert message(test) == (
+            'failed on teardown with "rank 1: OSError: rank 1 could not close its file"')
+        assert '>           raise OSError("rank 1 could not close its file")' in section(output, test)
 
     def test_xfail_and_request(self) -> None:
         assert "XFAIL test_user.py::test_xfail - known to fail on rank 1" in serial_run().output

@@ -15,10 +15,10 @@ import unittest
 from harness.outcome.collective_trace import CollectiveCall
 from harness.outcome.rank_record import (
     Event,
+    FixtureError,
     RankRecord,
     RecordSink,
     ReportingResult,
-    SetUpError,
     picklable_params,
 )
 from harness.outcome.report import Shown
@@ -132,12 +132,12 @@ class Reporting(unittest.TestCase):
             try:
                 raise ValueError("no data")
             except ValueError as error:
-                raise SetUpError("setting up test_x failed") from error
+                raise FixtureError("setup", "setup of test_x failed") from error
 
         event, = self.run_case(body).events
         self.assertEqual((event.kind, event.status, event.phase), ("failure", "error", "setup"))
         self.assertTrue(event.text.rstrip().endswith("ValueError: no data"), event.text)
-        self.assertNotIn("SetUpError", event.text)  # the cause is the report, not its wrapper
+        self.assertNotIn("FixtureError", event.text)  # the cause is the report, not its wrapper
         self.assertEqual(self.run_case(lambda self: 1 / 0).events[0].phase, "")
 
     def test_exit_with_a_skip_code_is_a_skip(self) -> None:

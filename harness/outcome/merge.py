@@ -43,7 +43,7 @@ class Problem(NamedTuple):
     exception: str
     detail: str
     consequence: bool
-    phase: str = ""  # "setup": raised while the rank built the test's fixtures (Event.phase)
+    phase: str = ""  # "setup"/"teardown": raised by the test's own fixtures (Event.phase)
 
     def headline(self) -> str:
         if not self.exception:

@@ -35,8 +35,8 @@ class Event(NamedTuple):
     "expected_failure" (text: traceback), "unexpected_success", "subtest" (params, status
     pass/fail/skip, text), "exit" (count: the code the test passed to sys.exit, upstream's
     exit code of the rank), "done" (count: grid points the rank ran).
-    phase: "setup" for a failure raised while the rank built the test's own fixtures (a
-    marked pytest function's `@rank_fixture`s: pytest's set-up phase), else "".
+    phase: for a failure raised by the test's own fixtures in the rank (a marked pytest
+    function's `@rank_fixture`s), "setup" or "teardown" (pytest's phases); else "".
     """
 
     kind: str
@@ -47,10 +47,15 @@ class Event(NamedTuple):
     phase: str = ""
 
 
-class SetUpError(Exception):
-    """Raised in a rank when the test's own set-up there failed (a marked pytest function's
-    `@rank_fixture`), with that error as its `__cause__`: reported as the error itself, in
-    phase "setup", so that pytest can say "ERROR at setup" as it does for its fixtures."""
+class FixtureError(Exception):
+    """Raised in a rank when the test's own fixtures failed there (a marked pytest function's
+    `@rank_fixture`s) in `phase` "setup" or "teardown", with that error as its `__cause__`:
+    reported as the error itself, in that phase, so that pytest can say "ERROR at setup" or
+    "ERROR at teardown" as it does for its own fixtures."""
+
+    def __init__(self, phase: str, message: str) -> None:
+        super().__init__(message)
+        self.phase = phase
 
 
 def picklable_params(params: Dict[str, Any]) -> Dict[str, Any]:
@@ -267,11 +272,11 @@ class ReportingResult(unittest.TestResult):
         skip = skip_exit_reason(err)
         if skip is not None:
             self.addSkip(test, skip)
-        elif isinstance(err[1], SetUpError) and err[1].__cause__ is not None:
+        elif isinstance(err[1], FixtureError) and err[1].__cause__ is not None:
             self.failed = True
             cause = err[1].__cause__
             text = format_error((type(cause), cause, cause.__traceback__))
-            self._sink.send(Event("failure", text, status="error", phase="setup"))
+            self._sink.send(Event("failure", text, status="error", phase=err[1].phase))
         else:
             self.failed = True
             self._sink.send(Event("failure", format_error(err), status="error"))

@@ -61,7 +61,7 @@ class RankReport(NamedTuple):
     frames: List[Frame]
     sections: List[Tuple[str, str]]
     hang: bool = False  # the test timed out: `frames` are where the rank waits
-    phase: str = ""  # "setup": the rank failed building the test's own fixtures (Event.phase)
+    phase: str = ""  # "setup"/"teardown": in the test's own fixtures, in the rank (Event.phase)
 
     def to_data(self) -> Dict[str, Any]:
         return {"label": self.label, "message": self.message,

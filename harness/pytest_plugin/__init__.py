@@ -149,12 +149,6 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if call.when != "call":
-        return report
-    if report.skipped and fixtures.RANKS in item.stash and isinstance(report.longrepr, tuple):
-        # A skip inside the ranks: pytest would point at the harness's raise; point at the test.
-        path, lineno, _ = item.reportinfo()
-        report.longrepr = (str(path), (lineno or 0) + 1, report.longrepr[2])
     lead = rank_report(call.excinfo.value) if call.excinfo is not None else None
     if lead is not None and report.failed:
         longrepr = report_layout.longrepr(item, lead)
@@ -164,6 +158,12 @@ def pytest_runtest_makereport(
             # A `@rank_fixture` failed in the rank: the test never ran, as when a fixture
             # fails here ("ERROR at setup of", counted with the errors, JUnit's <error>).
             report.when = "setup"
+    if call.when != "call":
+        return report
+    if report.skipped and fixtures.RANKS in item.stash and isinstance(report.longrepr, tuple):
+        # A skip inside the ranks: pytest would point at the harness's raise; point at the test.
+        path, lineno, _ = item.reportinfo()
+        report.longrepr = (str(path), (lineno or 0) + 1, report.longrepr[2])
     for record in item.stash.get(stash.RECORDS, []):
         if record.output.strip():
             name = f"Captured stdout+stderr {report.when} (rank {record.rank})"

@@ -8,7 +8,9 @@
   into the FunctionCall the ranks get (a value that cannot be sent is a one-line error).
 - call: `pytest_pyfunc_call` runs the call on the ranks (harness/pytest_plugin/case.py) and
   raises what they reported, which the plugin lays out (report.py).
-- teardown: a module's shared ranks stop once its last test ran.
+- teardown: a `@rank_fixture` whose teardown failed in a rank (after the test passed there)
+  errors here, as pytest's own fixtures do; a module's shared ranks stop once its last test
+  ran.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 
 from harness import devices
 from harness.launch.case import RankedTestCase
+from harness.outcome.replay import rank_report
 from harness.process import forkserver, shared
 from harness.pytest_plugin import case, deepspeed, leases, report, stash
 from harness.pytest_plugin.call import (
@@ -206,6 +209,10 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Optional[bool]:
         for size in ranks.sizes:  # one, but a DistributedTest's list runs in turn
             run_placed(call, ranks, size, pyfuncitem.stash.get(stash.DEADLINE, None), records)
     except Exception as error:
+        lead = rank_report(error)
+        if lead is not None and lead.phase == "teardown":  # the test passed: its teardown's
+            pyfuncitem.stash[stash.TEARDOWN_ERROR] = error
+            return True
         raised = report.as_raised_in_the_rank(error, pyfuncitem)  # for xfail(raises=...)
         if raised is error:
             raise
@@ -241,8 +248,21 @@ def run_placed(
         pytest.skip(run.skip)
 
 
-def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]) -> None:
-    """A module's shared ranks stop after its last test (their "ranks" fixtures end there)."""
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Any:
+    """After pytest's teardown: a `@rank_fixture`'s teardown error in a rank is raised (pytest
+    reports "ERROR at teardown"); a module's shared ranks stop after its last test (their
+    "ranks" fixtures end there)."""
+    result = yield
+    _stop_the_modules_shared_ranks(item, nextitem)
+    error = item.stash.get(stash.TEARDOWN_ERROR, None)
+    if error is not None:
+        del item.stash[stash.TEARDOWN_ERROR]
+        raise error
+    return result
+
+
+def _stop_the_modules_shared_ranks(item: pytest.Item, nextitem: Optional[pytest.Item]) -> None:
     ranks = item.stash.get(RANKS, None)
     module = getattr(item, "module", None)
     if ranks is None or ranks.mode != "shared" or module is None:

@@ -9,8 +9,9 @@ parent sent. Teardown runs in reverse order of set-up, as pytest's. A "ranks"-sc
 fixture lives as long as the rank process when the ranks are shared (`RanksScope`).
 
 `pytest.skip` in a rank is unittest's skip (so the ranks' verdict counts it), `pytest.fail`
-a failed assertion with its message. An error while the arguments are built is the test's
-set-up error (`SetUpError`): pytest reports it as "ERROR at setup", as for its own fixtures.
+a failed assertion with its message. An error while the arguments are built, or torn down
+after a test that passed, is a FixtureError: pytest reports it as "ERROR at setup" or "ERROR
+at teardown", as for its own fixtures.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import pytest
 import torch
 
-from harness.outcome.rank_record import SetUpError
+from harness.outcome.rank_record import FixtureError
 from harness.pytest_plugin import captures
 from harness.pytest_plugin.call import (
     IN_RANK_BUILTINS,
@@ -170,14 +171,22 @@ def call_in_rank(
         _pool_call(call, target, rank, world_size)
         return
     arguments = Arguments(call, rank, world_size, init_method, keep_ranks_scope)
-    with arguments.teardown:
-        try:
-            kwargs = _as_unittest(lambda: {name: arguments.value(name) for name in call.argnames})
-        except unittest.SkipTest:
-            raise
-        except Exception as error:  # pytest's set-up phase: "ERROR at setup" (SetUpError)
-            raise SetUpError(f"setting up {call.test_id} failed") from error
+    with arguments.teardown:  # a failed test: its failure leads, a teardown error chained
+        kwargs = _in_phase("setup", call, lambda: {n: arguments.value(n) for n in call.argnames})
         _as_unittest(lambda: target(**kwargs))
+        teardown = arguments.teardown.pop_all()
+    _in_phase("teardown", call, teardown.close)
+
+
+def _in_phase(phase: str, call: FunctionCall, body: Callable[[], Any]) -> Any:
+    """`body()`, the test's fixtures' `phase` in this rank: an error there is a FixtureError,
+    which pytest reports as "ERROR at <phase>", as for its own fixtures."""
+    try:
+        return _as_unittest(body)
+    except unittest.SkipTest:
+        raise
+    except Exception as error:
+        raise FixtureError(phase, f"{phase} of {call.test_id} failed") from error
 
 
 def _pool_call(call: FunctionCall, target: Any, rank: int, world_size: int) -> None:

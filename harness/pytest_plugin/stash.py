@@ -13,3 +13,4 @@ DEADLINE = pytest.StashKey[float]()  # when pytest-timeout fires (time.monotonic
 RECORDS = pytest.StashKey[List[RankRecord]]()  # the ranks' records, for the output sections
 PROBLEM = pytest.StashKey[str]()  # a marked test that cannot run: the one-line reason
 CALL = pytest.StashKey[FunctionCall]()  # a marked test's call, once its fixtures are resolved
+TEARDOWN_ERROR = pytest.StashKey[Exception]()  # a `@rank_fixture`'s teardown failed in a rank
