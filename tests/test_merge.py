@@ -229,6 +229,17 @@ class CauseFirst(unittest.TestCase):
         later = Event(kind="failure", text=TRACEBACK)  # raised in the test, after its set-up
         self.assertEqual(decide([done(1, later)], None).lead.phase, "")
 
+    def test_a_teardown_error_is_alone_only_when_the_test_passed_in_every_rank(self) -> None:
+        torn = Event(kind="failure", text=USER_TB + "OSError: x\n", status="error",
+                     phase="teardown")
+        self.assertEqual(decide([done(0), done(1, torn)], None).lead.phase, "teardown")
+        stopped = RankRecord(rank=0, stopped=True, stack=USER_TB)  # still in its test
+        self.assertEqual(decide([stopped, done(1, torn)], None).lead.phase, "")
+        failed = done(0, Event(kind="failure", text=TRACEBACK), problem_at=2.0)
+        records = [failed, done(1, torn, problem_at=1.0)]  # the teardown error seen first
+        verdict = decide(records, None)
+        self.assertEqual((verdict.lead.label, verdict.lead.phase), ("rank 1", ""))
+
     def test_hang_is_blamed_on_the_rank_outside_the_collectives(self) -> None:
         waiting = [CollectiveCall("all_reduce", "the default group", 2, (), False)]
         records = [

@@ -270,7 +270,8 @@ class TestReports:
         assert f"ERROR at teardown of {test} " in output
         assert message(test) == (
             'failed on teardown with "rank 1: OSError: rank 1 could not close its file"')
-        assert '>           raise OSError("rank 1 could not close its file")' in section(output, test)
+        raised = '>           raise OSError("rank 1 could not close its file")'
+        assert raised in section(output, test)
 
     def test_xfail_and_request(self) -> None:
         assert "XFAIL test_user.py::test_xfail - known to fail on rank 1" in serial_run().output

@@ -168,12 +168,15 @@ def own_outcome(
         stopped_parts = [(stopped_title(r), stopped_stack(r)) for r in stopped]
         lead_problem = problems[0]
         rest = [p.section() for p in problems[1:]]
+        phase = lead_problem.phase
+        if phase == "teardown" and (stopped or any(p.phase != phase for p in problems)):
+            phase = ""  # the test itself did not pass in every rank: no teardown error alone
         lead = RankReport(
             f"rank {lead_problem.rank}",
             lead_problem.exception or lead_problem.head[len(f"rank {lead_problem.rank} "):],
             where(lead_problem.detail),
             rest + [titled(s[1]) for s in sections if not s[0]] + stopped_parts,
-            phase=lead_problem.phase,
+            phase=phase,
         )
         message = report(head, sections + stopped_parts, records)
         # The rank named first decides, as unittest would in that rank: an exception other
