@@ -1038,6 +1038,50 @@ class TestModuleImports(unittest.TestCase):
             with self.subTest(uses=uses):
                 self.assertStays(head + uses, [label])
 
+    def test_a_dotted_name_no_import_binds_in_its_scope_gets_a_harness_import_at_the_top(
+            self) -> None:
+        # upstream's modules import each other: a patch module reads one its imports loaded
+        self.assertMigrates(
+            '"""Patches."""\n'
+            "from __future__ import annotations\n"
+            "import torch\n"
+            "\n"
+            "def patch_skips():\n"
+            "    import torch.testing._internal.common_distributed\n"
+            "    torch.testing._internal.common_distributed.TEST_SKIPS = {}\n"
+            "    torch.testing._internal.common_utils.TestCase.longMessage = True\n"
+            "\n"
+            "def patch_timeout():\n"
+            "    torch.testing._internal.common_distributed.TEST_SKIPS = None\n",
+            '"""Patches."""\n'
+            "from __future__ import annotations\n"
+            "import torch\n"
+            "import harness\n"
+            "\n"
+            "def patch_skips():\n"
+            "    import harness\n"
+            "    harness.TEST_SKIPS = {}\n"
+            "    harness.TestCase.longMessage = True\n"
+            "\n"
+            "def patch_timeout():\n"
+            "    harness.TEST_SKIPS = None\n",
+            ["torch.testing._internal.common_distributed",
+             "torch.testing._internal.common_utils"])
+
+    def test_the_harness_import_goes_before_a_decorated_first_statement(self) -> None:
+        self.assertMigrates(
+            "@decorate\nclass T(torch.testing._internal.common_utils.TestCase):\n    pass\n",
+            "import harness\n@decorate\nclass T(harness.TestCase):\n    pass\n",
+            ["torch.testing._internal.common_utils"])
+
+    def test_a_dotted_name_the_harness_lacks_is_reported_at_its_line(self) -> None:
+        self.assertStays(
+            "import torch\n\ndef patch():\n"
+            "    torch.testing._internal.common_utils.NOT_A_HARNESS_NAME = 1\n"
+            "    return torch.testing._internal.opinfo.core.OpInfo\n",
+            ["torch.testing._internal.common_utils.NOT_A_HARNESS_NAME (module attribute)",
+             "torch.testing._internal.opinfo.core.OpInfo (dotted name)"])
+
     # --- the command ---------------------------------------------------------------------
     def test_check_names_the_missing_attribute_and_a_second_run_changes_nothing(self) -> None:
         with tempfile.TemporaryDirectory(prefix="migrate-test-") as folder:
@@ -1193,12 +1237,48 @@ PROBES = {
                                "from torch.testing._internal.distributed._tensor import "
                                "common_dtensor\n\ncu.SEED = 5\nDEFAULT = 5\n"
                         + PROBE_TESTS.format(base="cu.TestCase", module="cu") + DTENSOR,
+    # read by its dotted name in a function, loaded by another import (a patch helper)
+    "dotted_elsewhere": HEAD + "import torch.testing._internal.common_utils as cu\n\n\n"
+                               "def patch_seed():\n"
+                               "    torch.testing._internal.common_utils.SEED = 11\n\n\n"
+                               "patch_seed()\nDEFAULT = 11\n"
+                        + PROBE_TESTS.format(base="cu.TestCase", module="cu"),
     # import torch.testing._internal.common_utils, read by its dotted name
     "dotted": HEAD + "import torch.testing._internal.common_utils\n\n"
                      "torch.testing._internal.common_utils.SEED = 7\nDEFAULT = 7\n"
               + PROBE_TESTS.format(base="torch.testing._internal.common_utils.TestCase",
                                    module="torch.testing._internal.common_utils"),
 }
+
+
+# A patch helper's idiom: module state set through a function that imports nothing itself.
+TIMEOUT_DEFAULT_PROBE = HEAD + textwrap.dedent("""\
+    import time
+
+    import torch.testing._internal.common_distributed
+    from torch.testing._internal.common_distributed import MultiThreadedTestCase
+
+
+    def shorten_the_timeout():
+        torch.testing._internal.common_distributed.TIMEOUT_DEFAULT = 3
+
+
+    shorten_the_timeout()
+
+
+    class Threads(MultiThreadedTestCase):
+        world_size = 2
+
+        def setUp(self):
+            super().setUp()
+            self._spawn_threads()
+
+        def test_quick(self):
+            pass
+
+        def test_too_long(self):
+            time.sleep(8)
+    """)
 
 
 @pytest.mark.slow
@@ -1225,6 +1305,15 @@ class TestModuleImportsDifferential(unittest.TestCase):
 
     def test_dotted_module_name(self) -> None:
         self.check("dotted")
+
+    def test_dotted_module_name_in_a_function_without_an_import(self) -> None:
+        self.check("dotted_elsewhere")
+
+    def test_a_timeout_default_the_file_sets_is_its_tests_limit(self) -> None:
+        theirs, ours = both(TIMEOUT_DEFAULT_PROBE)
+        kinds = {test: outcome[0] for test, outcome in theirs.items()}
+        self.assertEqual(kinds, {"Threads.test_quick": "pass", "Threads.test_too_long": "error"})
+        self.assertEqual({test: outcome[0] for test, outcome in ours.items()}, kinds, ours)
 
     def test_harness_seed_wins_over_the_seed_the_file_sets(self) -> None:
         with tempfile.TemporaryDirectory(prefix="migrate-test-") as folder:

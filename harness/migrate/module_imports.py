@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 from harness.migrate.names import (
     Provided,
+    is_mirrored_module,
     is_private_module,
     left_label,
     module_left,
@@ -61,38 +62,87 @@ def _root(node: ast.expr) -> ast.expr:
 
 @dataclass
 class Dotted:
-    """The private modules a file imports by their dotted name (`import
-    torch.testing._internal.common_utils`, no alias) and reads as such
-    (`torch.testing._internal.common_utils.TestCase`): per module that moves, the harness
-    module it moves to and the spans of its dotted name in the file; and the labels of the
-    modules that stay."""
+    """The private modules a file reads by their dotted name
+    (`torch.testing._internal.common_utils.TestCase`), imported as such (`import
+    torch.testing._internal.common_utils`, no alias) or loaded by another import (upstream's
+    modules import each other): per module that moves, the harness module it moves to and
+    the spans of its dotted name in the file; the labels of the modules that stay (`left`);
+    `read_at`: the line of the first use of each module the file never imports by that name
+    (where it is reported); the harness modules to import at the top, where a use stands in
+    a scope that no import of it binds; and each dotted private name of a module the harness
+    does not mirror, which no import names (`unmirrored`, reported as left)."""
 
     targets: Dict[str, str] = field(default_factory=dict)
     spans: List[Tuple[int, int, str]] = field(default_factory=list)
     left: Dict[str, List[str]] = field(default_factory=dict)
+    read_at: Dict[str, int] = field(default_factory=dict)
     needs_torch: bool = False  # the file reads `torch` otherwise (the import bound it)
+    top_imports: List[str] = field(default_factory=list)
+    unmirrored: List[Tuple[int, str]] = field(default_factory=list)  # (line, label) left
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
+
+def _scopes(node: ast.AST, parents: Dict[int, ast.AST]) -> List[Optional[ast.AST]]:
+    """The scopes whose names `node` sees, innermost first; None is the module. A class body
+    is seen only from its own statements, not from the functions inside it."""
+    seen: List[Optional[ast.AST]] = []
+    parent = parents.get(id(node))
+    while parent is not None:
+        if isinstance(parent, _SCOPES) and not (isinstance(parent, ast.ClassDef) and seen):
+            seen.append(parent)
+        parent = parents.get(id(parent))
+    return seen + [None]
+
+
+def _innermost_scope(node: ast.AST, parents: Dict[int, ast.AST]) -> Optional[ast.AST]:
+    parent = parents.get(id(node))
+    while parent is not None and not isinstance(parent, _SCOPES):
+        parent = parents.get(id(parent))
+    return parent
 
 
 def plan_dotted(tree: ast.Module, source: Source, known: Provided) -> Dotted:
-    """Which dotted private module imports move: those whose every use is an attribute read
-    (or set) the harness provides, each use's dotted name exactly as found in the text."""
+    """Which dotted private modules move: those whose every use is an attribute read (or set)
+    the harness provides, each use's dotted name exactly as found in the text."""
     plain = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
              for alias in node.names if alias.asname is None and is_private_module(alias.name)}
-    plan = Dotted()
-    if not plain:
-        return plan
+    first_read: Dict[str, int] = {}
+    for node in ast.walk(tree):
+        name = _dotted_name(node) if isinstance(node, ast.Attribute) else None
+        if name is not None and name not in plain and is_mirrored_module(name):
+            first_read[name] = min(first_read.get(name, node.lineno), node.lineno)
+    modules = plain | set(first_read)
+    plan = Dotted(read_at=dict(first_read))
     parents: Dict[int, ast.AST] = {}
     for node in ast.walk(tree):
         for child in ast.iter_child_nodes(node):
             parents[id(child)] = node
-    used: Dict[str, set] = {module: set() for module in plain}
-    found: Dict[str, List[Tuple[int, int, ast.expr]]] = {module: [] for module in plain}
+    for node in ast.walk(tree):  # a private name no import names, of a module not mirrored
+        chain = _dotted_name(node) if isinstance(node, ast.Attribute) else None
+        outer = parents.get(id(node))
+        if (chain is not None and is_private_module(chain)
+                and not (isinstance(outer, ast.Attribute) and outer.value is node)
+                and not any(chain == m or chain.startswith(m + ".") for m in modules)):
+            plan.unmirrored.append((node.lineno, f"{chain} (dotted name)"))
+    if not modules:
+        return plan
+    used: Dict[str, set] = {module: set() for module in modules}
+    found: Dict[str, List[Tuple[int, int, ast.expr]]] = {module: [] for module in modules}
     opaque: set = set()
+    unbound: set = set()  # modules read where no import of them binds the name
+    binding: Dict[str, set] = {}  # module -> the scopes a plain import of it binds `torch` in
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname is None and alias.name in plain:
+                    binding.setdefault(alias.name, set()).add(_innermost_scope(node, parents))
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute):
             continue
         module = _dotted_name(node)
-        if module not in plain:
+        if module not in modules:
             continue
         parent = parents.get(id(node))
         assert node.end_lineno is not None and node.end_col_offset is not None
@@ -106,8 +156,10 @@ def plan_dotted(tree: ast.Module, source: Source, known: Provided) -> Dotted:
             continue
         used[module].add(parent.attr)
         found[module].append((start, end, _root(node)))
+        if not any(scope in binding.get(module, ()) for scope in _scopes(node, parents)):
+            unbound.add(module)
     covered = set()
-    for module in sorted(plain):
+    for module in sorted(modules):
         attributes = None if module in opaque else frozenset(used[module])
         target = module_target(module, attributes, known)
         if target is None:
@@ -117,6 +169,8 @@ def plan_dotted(tree: ast.Module, source: Source, known: Provided) -> Dotted:
         for start, end, root in found[module]:
             plan.spans.append((start, end, target))
             covered.add(id(root))
+        if module in unbound and target not in plan.top_imports:
+            plan.top_imports.append(target)
     plan.needs_torch = bool(plan.targets) and any(
         isinstance(node, ast.Name) and node.id == "torch" and id(node) not in covered
         for node in ast.walk(tree))

@@ -237,6 +237,38 @@ def _sorted_texts(found: Sequence[Tuple[int, str]]) -> List[str]:
     return [text for _, text in sorted(found, key=lambda item: item[0])]
 
 
+def _top_imports(tree: ast.Module, source: Source, modules: List[str]) -> List[Edit]:
+    """`import <module>` for each of `modules` the module scope does not import yet, placed
+    after the imports that open the file (else after its docstring and `__future__`)."""
+    have = {alias.name for node in module_scope(tree) if isinstance(node, ast.Import)
+            for alias in node.names if alias.asname is None}
+    missing = [module for module in modules if module not in have]
+    if not missing:
+        return []
+    body = list(tree.body)
+    head = 1 if body and _is_docstring(body[0]) else 0
+    opening = head  # the imports that open the file (`__future__` ones among them)
+    while opening < len(body) and isinstance(body[opening], (ast.Import, ast.ImportFrom)):
+        opening += 1
+    if opening > head:
+        at = source.offset((body[opening - 1].end_lineno or body[opening - 1].lineno) + 1, 0)
+    elif head < len(body):
+        first = body[head]
+        at = source.offset(min([first.lineno] + [
+            d.lineno for d in getattr(first, "decorator_list", [])]), 0)
+    else:
+        at = len(source.text)
+    text = "".join(f"import {module}{source.newline}" for module in missing)
+    if at == len(source.text) and source.text and not source.text.endswith(("\n", "\r")):
+        text = source.newline + text
+    return [(at, at, text)]
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(
+        node.value.value, str)
+
+
 def migrate_source(text: str, names: frozenset | Provided) -> Tuple[str, List[str], List[str]]:
     """The migrated text, the names moved (as imported) and the private imports left.
     Raises SyntaxError/ValueError when the text does not parse."""
@@ -290,6 +322,11 @@ def migrate_source(text: str, names: frozenset | Provided) -> Tuple[str, List[st
                 privates.append(statement)
         if privates:
             edits += _plan_block(source, privates, existing, block, known, moved)
+    moved += [(line, module) for module, line in dotted.read_at.items()
+              if module in dotted.targets]
+    left += [(line, label) for module, line in dotted.read_at.items()
+             for label in dotted.left.get(module, ())] + dotted.unmirrored
+    edits += _top_imports(tree, source, dotted.top_imports)
     new_text = text
     for start, end, replacement in sorted(edits, reverse=True):
         new_text = new_text[:start] + replacement + new_text[end:]
