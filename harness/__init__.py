@@ -24,7 +24,7 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "skipXPUIf",
     ),
     "harness.devices": (
-        "TEST_CUDA", "TEST_MULTIGPU", "HarnessConfigError",
+        "TEST_CUDA", "TEST_MULTIGPU", "TIMEOUT_DEFAULT", "TIMEOUT_OVERRIDE", "HarnessConfigError",
     ),
     "harness.dist_utils": (
         "captured_output", "with_dist_debug_levels",
@@ -62,9 +62,8 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "UnitModule", "UnitParamModule",
     ),
     "harness.kit.ddp_helpers": (
-        "TIMEOUT_DEFAULT", "TIMEOUT_OVERRIDE", "SaveForwardInputsModel", "SaveForwardInputsModule",
-        "get_timeout", "init_multigpu_helper", "logger", "requires_ddp_rank",
-        "simple_sparse_reduce_tests", "verify_ddp_error_logged",
+        "SaveForwardInputsModel", "SaveForwardInputsModule", "get_timeout", "init_multigpu_helper",
+        "logger", "requires_ddp_rank", "simple_sparse_reduce_tests", "verify_ddp_error_logged",
     ),
     "harness.kit.dtensor": (
         "DEVICE_TYPE", "NUM_DEVICES", "PG_BACKEND", "DTensorContinuousTestBase", "DTensorConverter",

@@ -49,6 +49,23 @@ TIMEOUT_OVERRIDE: Dict[str, float] = {
 }
 
 
+
+def _upstream_timeout_default() -> int:
+    """Upstream's `common_distributed.TIMEOUT_DEFAULT` as it is at import: the environment's
+    seconds, else 300 (a bad value is reported by `default_timeout()` when a test runs)."""
+    try:
+        return int(os.environ.get(UPSTREAM_TIMEOUT_ENV) or DEFAULT_TIMEOUT_S)
+    except ValueError:
+        return int(DEFAULT_TIMEOUT_S)
+
+
+# Upstream's `common_distributed.TIMEOUT_DEFAULT`, module state a client may set
+# (`common_distributed.TIMEOUT_DEFAULT = 1800` reaches here through `harness`): read when a
+# test starts, as upstream reads it.
+TIMEOUT_DEFAULT: float = _upstream_timeout_default()
+_TIMEOUT_DEFAULT_AT_IMPORT = TIMEOUT_DEFAULT
+
+
 # Upstream's common_cuda flags, read once at import as upstream does; HARNESS_DEVICE=cpu
 # turns them off, since the harness then runs everything on CPU.
 TEST_CUDA = torch.cuda.is_available() and os.environ.get(DEVICE_ENV) != "cpu"
@@ -161,10 +178,15 @@ def base_world_size(per_device: bool = False, launched: bool = False) -> int:
 
 
 def default_timeout() -> float:
-    """A test's time limit in seconds where nothing more specific is set: upstream's
+    """A test's time limit in seconds where nothing more specific is set: HARNESS_TIMEOUT when
+    the run sets it and the file has set TIMEOUT_DEFAULT (a run's choice wins, as HARNESS_SEED
+    wins over a file's SEED); else TIMEOUT_DEFAULT as the file set it; else upstream's
     DISTRIBUTED_TESTS_DEFAULT_TIMEOUT, else HARNESS_TIMEOUT, else 300."""
-    for name in (UPSTREAM_TIMEOUT_ENV, TIMEOUT_ENV):
-        timeout = _env_number(name, float, 0.001)
+    upstream = _env_number(UPSTREAM_TIMEOUT_ENV, float, 0.001)
+    harness = _env_number(TIMEOUT_ENV, float, 0.001)
+    if TIMEOUT_DEFAULT != _TIMEOUT_DEFAULT_AT_IMPORT:
+        return float(harness if harness is not None else TIMEOUT_DEFAULT)
+    for timeout in (upstream, harness):
         if timeout is not None:
             return float(timeout)
     return DEFAULT_TIMEOUT_S

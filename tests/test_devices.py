@@ -130,6 +130,18 @@ class DevicesTest(unittest.TestCase):
         with self.assertRaisesRegex(HarnessConfigError, "HARNESS_TIMEOUT='soon'"):
             devices.default_timeout()
 
+    def test_a_timeout_default_the_file_sets_is_the_default(self):
+        import harness
+
+        self.addCleanup(delattr, harness, "TIMEOUT_DEFAULT")  # gives devices its value back
+        harness.TIMEOUT_DEFAULT = 42  # as `common_distributed.TIMEOUT_DEFAULT = 42`, migrated
+        self.assertEqual(devices.default_timeout(), 42.0)
+        self.assertEqual(harness.get_timeout("mod.Case.test_x"), 42)
+        os.environ["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = "30"  # read before the file set it
+        self.assertEqual(devices.default_timeout(), 42.0)
+        os.environ["HARNESS_TIMEOUT"] = "7"  # the run's own choice wins, as HARNESS_SEED does
+        self.assertEqual(devices.default_timeout(), 7.0)
+
     def test_default_timeout_is_read_when_used(self):
         class Case:
             timeout = devices.DefaultTimeout()

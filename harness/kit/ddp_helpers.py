@@ -8,26 +8,25 @@ from __future__ import annotations
 import functools
 import logging
 import operator
-import os
 from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 import torch.nn as nn
 
+from harness import devices
 from harness.devices import TIMEOUT_OVERRIDE  # the one dict the bases' timeouts read
 from harness.skips import TEST_HPU, TEST_XPU
 
 __all__ = [
-    "SaveForwardInputsModel", "SaveForwardInputsModule", "TIMEOUT_DEFAULT", "TIMEOUT_OVERRIDE",
-    "get_timeout", "init_multigpu_helper", "logger", "requires_ddp_rank",
-    "simple_sparse_reduce_tests", "verify_ddp_error_logged",
+    "SaveForwardInputsModel", "SaveForwardInputsModule", "TIMEOUT_OVERRIDE", "get_timeout",
+    "init_multigpu_helper", "logger", "requires_ddp_rank", "simple_sparse_reduce_tests",
+    "verify_ddp_error_logged",
 ]
 
 logger = logging.getLogger("harness.common_distributed")
 logger.setLevel(logging.INFO)
 
 DDP_RANK_DEVICES = ("cuda", "xpu")
-TIMEOUT_DEFAULT = int(os.getenv("DISTRIBUTED_TESTS_DEFAULT_TIMEOUT", "300"))
 
 
 def requires_ddp_rank(device: str) -> bool:
@@ -35,10 +34,10 @@ def requires_ddp_rank(device: str) -> bool:
     return device in DDP_RANK_DEVICES
 
 
-def get_timeout(test_id: str) -> int:
+def get_timeout(test_id: str) -> float:
     """Seconds a test may take: its override by method name, else the default (300, or
-    DISTRIBUTED_TESTS_DEFAULT_TIMEOUT)."""
-    return TIMEOUT_OVERRIDE.get(test_id.split(".")[-1], TIMEOUT_DEFAULT)
+    DISTRIBUTED_TESTS_DEFAULT_TIMEOUT, or what the file set TIMEOUT_DEFAULT to)."""
+    return TIMEOUT_OVERRIDE.get(test_id.split(".")[-1], devices.TIMEOUT_DEFAULT)
 
 
 class SaveForwardInputsModule(nn.Module):
