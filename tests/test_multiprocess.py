@@ -110,6 +110,12 @@ class TestOutcomes(FaultTestBase):
         self.assertEqual([r.exitcode for r in case.rank_records], [0, 0])
         self.assertTrue(all(r.duration > 0 for r in case.rank_records), case.rank_records)
 
+    def test_an_override_of_run_with_four_parameters_runs(self) -> None:
+        _, result = self.run_case(fault_cases.OwnRun, "test_all_reduce")
+        self.assertTrue(result.wasSuccessful(), result.errors + result.failures)
+        self.assertEqual([self.noted(f"own_run.{rank}") for rank in (0, 1)],
+                         ["test_all_reduce"] * 2)
+
     def test_exception_on_one_rank(self) -> None:
         _, result = self.run_case(fault_cases.Failing, "test_raise_on_rank_1")
         self.assertEqual(result.failures, [])  # a ValueError is an error, as unittest's
