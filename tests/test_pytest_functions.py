@@ -333,6 +333,13 @@ class TestPytestOptions:
         assert "test_hang_under_pytest_timeout" in ran and "test_rank1_fails" not in ran
         assert "test_crash" not in ran  # after the first failure
 
+    def test_s_shows_the_ranks_output_as_it_is_printed(self) -> None:
+        run = _run("-s", "-k", "test_rank1_fails")
+        live = run.output.split("= FAILURES =")[0]  # printed before pytest's report
+        for rank in (0, 1):
+            assert f"[rank {rank}] output of rank {rank}" in live, run.output[-3000:]
+        assert run.outcomes["test_rank1_fails"][0] == "failed"
+
     def test_the_plugin_turned_off_leaves_plain_pytest(self) -> None:
         run = _run("-k", "sum or plain_still", plugin=("-p", "no:harness.pytest_plugin"))
         assert "INTERNALERROR" not in run.output

@@ -71,6 +71,10 @@ def pytest_configure(config: pytest.Config) -> None:
         if rank < 0:
             raise pytest.UsageError(f"--debug-rank {rank}: a rank is a number from 0")
         os.environ[devices.DEBUG_RANK_ENV] = str(rank)
+    if config.getoption("capture", None) == "no" and devices.SHOW_OUTPUT_ENV not in os.environ:
+        # `-s`: the ranks' output reaches the terminal as it is printed, as a test's own does
+        os.environ[devices.SHOW_OUTPUT_ENV] = "1"
+        config.add_cleanup(lambda: os.environ.pop(devices.SHOW_OUTPUT_ENV, None))
 
 
 def _accelerators() -> int:
