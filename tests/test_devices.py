@@ -311,27 +311,10 @@ TIMEOUT_PROBE = textwrap.dedent('''
         run_tests()
 ''')
 
-ENV_TIMEOUT_PROBE = textwrap.dedent('''
-    import time
-
-
-    class Threads(MultiThreadedTestCase):
-        world_size = 2
-
-        def setUp(self):
-            super().setUp()
-            self._spawn_threads()
-
-        def test_quick(self):
-            pass
-
-        def test_too_long(self):
-            time.sleep(8)
-
-
-    if __name__ == "__main__":
-        run_tests()
-''')
+ENV_TIMEOUT_PROBE = (
+    "import time\n\n\n" + upstream_diff.THREADS_TIMEOUT_TESTS
+    + '\n\nif __name__ == "__main__":\n    run_tests()\n'
+)
 
 
 @pytest.mark.slow

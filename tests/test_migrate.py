@@ -27,7 +27,7 @@ import pytest
 
 from harness.migrate import Provided, main, migrate_source
 from tests.differential import both, run_file
-from tests.fixtures import REPO, child_env
+from tests.fixtures import REPO, child_env, upstream_diff
 
 # What the child's harness provides in the exact before/after tests.
 NAMES = [
@@ -1266,19 +1266,7 @@ TIMEOUT_DEFAULT_PROBE = HEAD + textwrap.dedent("""\
     shorten_the_timeout()
 
 
-    class Threads(MultiThreadedTestCase):
-        world_size = 2
-
-        def setUp(self):
-            super().setUp()
-            self._spawn_threads()
-
-        def test_quick(self):
-            pass
-
-        def test_too_long(self):
-            time.sleep(8)
-    """)
+    """) + upstream_diff.THREADS_TIMEOUT_TESTS
 
 
 @pytest.mark.slow
