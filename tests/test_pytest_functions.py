@@ -58,6 +58,7 @@ EXPECTED = {
     "test_rank_fixture_fails_in_threads": "error",
     "test_rank_fixture_teardown_fails": "error",
     "test_xfail": "skipped",
+    "test_imperative_xfail": "skipped",
     "test_xfail_raises": "skipped",
     "test_xfail_raises_another": "failed",
     "test_request_is_refused": "error",
@@ -275,6 +276,8 @@ class TestReports:
 
     def test_xfail_and_request(self) -> None:
         assert "XFAIL test_user.py::test_xfail - known to fail on rank 1" in serial_run().output
+        assert ("XFAIL test_user.py::test_imperative_xfail - all_gather_into_tensor is not on "
+                "gloo") in serial_run().output  # pytest.xfail() in the ranks
         assert "fixture 'request' belongs to the pytest process" in message(
             "test_request_is_refused")
 

@@ -29,6 +29,9 @@ from harness.pytest_marks import marks_on
 RANK_OWN = ("rank", "world_size", "device", "rank_tmp_path", "init_method")
 IN_RANK_BUILTINS = ("monkeypatch", "capsys", "capfd", "caplog", "recwarn")
 RANK_SCOPES = ("function", "ranks")
+# `pytest.xfail(reason)` called in a rank travels as the ranks' skip, its reason after this
+# prefix; the parent makes it pytest's xfail again.
+IMPERATIVE_XFAIL = "pytest.xfail: "
 _PARAMETER_SET = type(pytest.param(None))
 
 

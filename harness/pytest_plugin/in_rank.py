@@ -8,8 +8,9 @@ finished at teardown), a `pytest.mark.parametrize` value read from the marker, o
 parent sent. Teardown runs in reverse order of set-up, as pytest's. A "ranks"-scoped rank
 fixture lives as long as the rank process when the ranks are shared (`RanksScope`).
 
-`pytest.skip` in a rank is unittest's skip (so the ranks' verdict counts it), `pytest.fail`
-a failed assertion with its message. An error while the arguments are built, or torn down
+`pytest.skip` in a rank is unittest's skip (so the ranks' verdict counts it), `pytest.xfail`
+a skip whose reason says so (IMPERATIVE_XFAIL), `pytest.fail` a failed assertion with its
+message. An error while the arguments are built, or torn down
 after a test that passed, is a FixtureError: pytest reports it as "ERROR at setup" or "ERROR
 at teardown", as for its own fixtures.
 """
@@ -29,6 +30,7 @@ import torch
 from harness.outcome.rank_record import FixtureError
 from harness.pytest_plugin import captures
 from harness.pytest_plugin.call import (
+    IMPERATIVE_XFAIL,
     IN_RANK_BUILTINS,
     FixtureRef,
     FunctionCall,
@@ -220,5 +222,8 @@ def _as_unittest(body: Callable[[], Any]) -> Any:
         return body()
     except pytest.skip.Exception as skip:
         raise unittest.SkipTest(skip.msg).with_traceback(skip.__traceback__) from None
+    except pytest.xfail.Exception as xfail:  # before pytest.fail's: it is one of them
+        raise unittest.SkipTest(IMPERATIVE_XFAIL + xfail.msg).with_traceback(
+            xfail.__traceback__) from None
     except pytest.fail.Exception as failure:
         raise Failed(failure.msg).with_traceback(failure.__traceback__) from None
