@@ -367,6 +367,10 @@ from harness import rank_fixture
 @rank_fixture
 def weights(device, rank):
     return torch.ones(2, device=device) * rank
+
+@rank_fixture
+def asked_by_mark(rank, rank_tmp_path):
+    (rank_tmp_path / "used").write_text(str(rank))
 """
 
 TEST_FILE = """
@@ -377,12 +381,18 @@ import pytest, torch.distributed as dist
 def test_weights(weights, scale):
     dist.all_reduce(weights)
     assert (weights * scale).tolist() == [2.0, 2.0]
+
+@pytest.mark.usefixtures("asked_by_mark")
+@pytest.mark.ranks(2, init=False)
+def test_a_rank_fixture_not_taken_is_built_in_the_ranks(rank, rank_tmp_path):
+    assert (rank_tmp_path / "used").read_text() == str(rank)
 """
 
 
 @pytest.mark.slow
 def test_a_conftest_rank_fixture_under_import_mode_importlib(tmp_path: Path) -> None:
-    """The ranks find a module pytest imported from its file (not importable by name)."""
+    """The ranks find a module pytest imported from its file (not importable by name); a rank
+    fixture a test uses without taking it (usefixtures) is built there too."""
     tests = tmp_path / "tests"
     tests.mkdir()
     (tests / "conftest.py").write_text(CONFTEST)
@@ -396,4 +406,4 @@ def test_a_conftest_rank_fixture_under_import_mode_importlib(tmp_path: Path) -> 
          "-q", "--import-mode=importlib", str(tests)],
         cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300,
     )
-    assert "1 passed" in done.stdout, done.stdout[-2000:]
+    assert "2 passed" in done.stdout, done.stdout[-2000:]

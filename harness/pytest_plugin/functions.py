@@ -152,11 +152,13 @@ def build_call(item: pytest.Function, ranks: Ranks) -> FunctionCall:
     module, qualname = item.module.__name__, _qualname(item)
     path = getattr(item.module, "__file__", None)
     argnames = _argnames(item.obj)
+    used = tuple(name for name in item.fixturenames  # by @pytest.mark.usefixtures or autouse
+                 if name not in argnames and isinstance(funcargs.get(name), FixtureRef))
     values: Dict[str, Any] = {}
     marked: Dict[str, int] = {}
     refs: Dict[str, FixtureRef] = {}
     base: Optional[str] = None
-    todo = list(argnames)
+    todo = [*used, *argnames]
     while todo:
         name = todo.pop(0)
         if name in values or name in marked or name in refs or name in IN_RANK_BUILTINS:
@@ -187,7 +189,7 @@ def build_call(item: pytest.Function, ranks: Ranks) -> FunctionCall:
     timeout = ranks.timeout or devices.default_timeout()
     return FunctionCall(
         test_id=item.nodeid, module=module, qualname=qualname, module_path=path,
-        argnames=argnames,
+        argnames=argnames, used_fixtures=used,
         values=values, marked=marked, rank_fixtures=refs, init=ranks.init,
         group_timeout=timeout + GROUP_TIMEOUT_MARGIN_S, rank_tmp_base=base,
         sizes=ranks.sizes,

@@ -83,6 +83,12 @@ class Arguments:
         self.teardown = contextlib.ExitStack()
         self._built: Dict[str, Any] = {}
 
+    def build(self, call: FunctionCall) -> Dict[str, Any]:
+        """The test's arguments, after the rank fixtures it uses without taking them."""
+        for name in call.used_fixtures:
+            self.value(name)
+        return {name: self.value(name) for name in call.argnames}
+
     def value(self, name: str, asked_by: str = "") -> Any:
         if name not in self._built:
             self._built[name] = self._build(name, asked_by)
@@ -174,7 +180,7 @@ def call_in_rank(
         return
     arguments = Arguments(call, rank, world_size, init_method, keep_ranks_scope)
     with arguments.teardown:  # a failed test: its failure leads, a teardown error chained
-        kwargs = _in_phase("setup", call, lambda: {n: arguments.value(n) for n in call.argnames})
+        kwargs = _in_phase("setup", call, lambda: arguments.build(call))
         _as_unittest(lambda: target(**kwargs))
         teardown = arguments.teardown.pop_all()
     _in_phase("teardown", call, teardown.close)
