@@ -241,6 +241,16 @@ def check_requirements(test_method: Callable, world_size: Any = None) -> None:
             raise unittest.SkipTest(reason)
 
 
+def skips_before_it_starts(cls: type, method: Any) -> bool:
+    """Whether a test `method` of `cls` is sure to skip before any rank starts: unittest's skip
+    decorators on it or its class, or an accelerator requirement unmet here whatever the
+    test's world size (a runner then need not start a forkserver for it)."""
+    if getattr(cls, "__unittest_skip__", False) or getattr(method, "__unittest_skip__", False):
+        return True
+    return any(requirement.unmet_reason() is not None
+               for requirement in requirements_of(cls) + requirements_of(method))
+
+
 def _case_requirements(case: unittest.TestCase) -> List[AcceleratorRequirement]:
     method = getattr(case, case._testMethodName, None)
     return requirements_of(type(case)) + requirements_of(method)

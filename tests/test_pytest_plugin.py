@@ -196,6 +196,38 @@ def test_hang_report_beats_pytest_timeout_and_tb_line_points_at_the_users_line(
     assert "2 failed" in out
 
 
+GPU_ONLY_FILE = """
+from harness import MultiProcessTestCase, skip_if_lt_x_gpu
+from harness.process import forkserver
+
+
+class TestOnGpus(MultiProcessTestCase):
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    @skip_if_lt_x_gpu(2)
+    def test_needs_two(self):
+        pass
+
+
+def test_no_forkserver_was_started():
+    assert "forkserver" not in forkserver.helper_pids()
+"""
+
+
+@pytest.mark.slow
+def test_a_session_of_gpu_tests_on_a_cpu_machine_starts_no_forkserver(tmp_path: Path) -> None:
+    (tmp_path / "test_gpu_only.py").write_text(GPU_ONLY_FILE)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
+         "-q", "-rs", "test_gpu_only.py"],
+        cwd=tmp_path, env=_env(PYTHONPATH=str(ROOT), HARNESS_DEVICE="cpu"),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert "1 passed, 1 skipped" in done.stdout, done.stdout[-3000:]
+
+
 @pytest.mark.slow
 def test_debug_rank_gets_the_terminal_for_breakpoint(tmp_path: Path) -> None:
     (tmp_path / "test_debug.py").write_text(textwrap.dedent('''

@@ -64,6 +64,17 @@ class SkipsTest(unittest.TestCase):
         for patch in gpus(count):
             self.addCleanup(patch.stop)
 
+    def test_a_test_sure_to_skip_before_its_ranks_start(self):
+        self.use_gpus(0)
+        sure = skips.skips_before_it_starts
+        self.assertTrue(sure(PerRank, PerRank.test_gated))  # 3 GPUs, none here
+        self.assertFalse(sure(PerRank, PerRank.test_allows_cpu))  # runs on CPU
+        self.assertFalse(sure(PerRank, PerRank.test_plain))
+        self.assertTrue(sure(PerRank, unittest.skip("why")(PerRank.test_plain)))
+        self.assertTrue(sure(unittest.skip("why")(type("Skipped", (PerRank,), {})), None))
+        self.use_gpus(3)
+        self.assertFalse(sure(PerRank, PerRank.test_gated))
+
     def test_upstream_names_and_codes(self):
         self.assertEqual(TEST_SKIPS["multi-gpu-2"].exit_code, 77)
         self.assertEqual(TEST_SKIPS["no_cuda"].exit_code, 74)

@@ -33,7 +33,7 @@ from typing import Any, Generator, Optional, Tuple
 
 import pytest
 
-from harness import devices
+from harness import devices, skips
 from harness.launch.case import RankedTestCase
 from harness.outcome.replay import rank_report
 from harness.process import assert_rewrite, forkserver, shared
@@ -115,16 +115,31 @@ def _truncation(config: pytest.Config) -> Tuple[int, int]:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Any:
     """Start the forkserver before the test's own time (and pytest-timeout's timer) starts:
     its start-up, seconds once per run, is not the test's."""
-    cls = getattr(item, "cls", None)
-    ranks = item.stash.get(fixtures.RANKS, None)
-    in_processes = ranks is not None and ranks.mode != "threads"
-    if in_processes or isinstance(cls, type) and issubclass(cls, MultiProcessTestCase):
+    if _starts_rank_processes(item):
         try:
             if devices.start_method() == "forkserver" and devices.torchrun_env() is None:
                 forkserver.warm_up(item.module.__name__)  # type: ignore[attr-defined]
         except devices.HarnessConfigError:
             pass  # the test itself reports it
     return (yield)
+
+
+def _starts_rank_processes(item: pytest.Item) -> bool:
+    """Whether the test may start rank processes: a marked function in processes, or a test
+    of a multi-process class, unless it is sure to skip first (a GPU test on a CPU machine:
+    a session of only such tests then starts no forkserver at all)."""
+    if item.get_closest_marker("skip") is not None:
+        return False
+    ranks = item.stash.get(fixtures.RANKS, None)
+    if ranks is not None:
+        return ranks.mode != "threads"
+    cls = getattr(item, "cls", None)
+    if not (isinstance(cls, type) and issubclass(cls, MultiProcessTestCase)):
+        return False
+    try:
+        return not skips.skips_before_it_starts(cls, getattr(cls, item.name, None))
+    except devices.HarnessConfigError:
+        return False  # the test itself reports it
 
 
 @pytest.hookimpl(optionalhook=True)
