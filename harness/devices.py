@@ -49,7 +49,6 @@ TIMEOUT_OVERRIDE: Dict[str, float] = {
 }
 
 
-
 def _upstream_timeout_default() -> int:
     """Upstream's `common_distributed.TIMEOUT_DEFAULT` as it is at import: the environment's
     seconds, else 300 (a bad value is reported by `default_timeout()` when a test runs)."""

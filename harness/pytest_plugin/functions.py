@@ -152,7 +152,7 @@ def build_call(item: pytest.Function, ranks: Ranks) -> FunctionCall:
     module, qualname = item.module.__name__, _qualname(item)
     path = getattr(item.module, "__file__", None)
     argnames = _argnames(item.obj)
-    used = tuple(name for name in item.fixturenames  # by @pytest.mark.usefixtures or autouse
+    used = tuple(name for name in item.fixturenames  # by @pytest.mark.usefixtures
                  if name not in argnames and isinstance(funcargs.get(name), FixtureRef))
     values: Dict[str, Any] = {}
     marked: Dict[str, int] = {}
@@ -258,11 +258,14 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]) 
     """After pytest's teardown: a `@rank_fixture`'s teardown error in a rank is raised (pytest
     reports "ERROR at teardown"); a module's shared ranks stop after its last test (their
     "ranks" fixtures end there)."""
-    result = yield
-    _stop_the_modules_shared_ranks(item, nextitem)
-    error = item.stash.get(stash.TEARDOWN_ERROR, None)
+    try:
+        result = yield
+    finally:  # pytest's own teardown error, if any, is the one reported
+        _stop_the_modules_shared_ranks(item, nextitem)
+        error = item.stash.get(stash.TEARDOWN_ERROR, None)
+        if error is not None:
+            del item.stash[stash.TEARDOWN_ERROR]
     if error is not None:
-        del item.stash[stash.TEARDOWN_ERROR]
         raise error
     return result
 

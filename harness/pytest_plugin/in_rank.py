@@ -10,9 +10,9 @@ fixture lives as long as the rank process when the ranks are shared (`RanksScope
 
 `pytest.skip` in a rank is unittest's skip (so the ranks' verdict counts it), `pytest.xfail`
 a skip whose reason says so (IMPERATIVE_XFAIL), `pytest.fail` a failed assertion with its
-message. An error while the arguments are built, or torn down
-after a test that passed, is a FixtureError: pytest reports it as "ERROR at setup" or "ERROR
-at teardown", as for its own fixtures.
+message. An error while the arguments are built, or torn down after a test that passed, is a
+FixtureError: pytest reports it as "ERROR at setup" or "ERROR at teardown", as for its own
+fixtures.
 """
 
 from __future__ import annotations
