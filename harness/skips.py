@@ -248,12 +248,16 @@ def skips_before_it_starts(cls: type, method: Any) -> bool:
     if getattr(cls, "__unittest_skip__", False) or getattr(method, "__unittest_skip__", False):
         return True
     return any(requirement.unmet_reason() is not None
-               for requirement in requirements_of(cls) + requirements_of(method))
+               for requirement in _test_requirements(cls, method))
+
+
+def _test_requirements(cls: type, method: Any) -> List[AcceleratorRequirement]:
+    """A test's requirements: its class's, then its method's."""
+    return requirements_of(cls) + requirements_of(method)
 
 
 def _case_requirements(case: unittest.TestCase) -> List[AcceleratorRequirement]:
-    method = getattr(case, case._testMethodName, None)
-    return requirements_of(type(case)) + requirements_of(method)
+    return _test_requirements(type(case), getattr(case, case._testMethodName, None))
 
 
 def check_case_requirements(case: unittest.TestCase) -> None:

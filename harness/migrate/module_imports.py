@@ -96,13 +96,6 @@ def _scopes(node: ast.AST, parents: Dict[int, ast.AST]) -> List[Optional[ast.AST
     return seen + [None]
 
 
-def _innermost_scope(node: ast.AST, parents: Dict[int, ast.AST]) -> Optional[ast.AST]:
-    parent = parents.get(id(node))
-    while parent is not None and not isinstance(parent, _SCOPES):
-        parent = parents.get(id(parent))
-    return parent
-
-
 def plan_dotted(tree: ast.Module, source: Source, known: Provided) -> Dotted:
     """Which dotted private modules move: those whose every use is an attribute read (or set)
     the harness provides, each use's dotted name exactly as found in the text."""
@@ -137,7 +130,7 @@ def plan_dotted(tree: ast.Module, source: Source, known: Provided) -> Dotted:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname is None and alias.name in plain:
-                    binding.setdefault(alias.name, set()).add(_innermost_scope(node, parents))
+                    binding.setdefault(alias.name, set()).add(_scopes(node, parents)[0])
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute):
             continue

@@ -32,6 +32,7 @@ import time
 from typing import Any, Generator, Optional, Tuple
 
 import pytest
+from _pytest.compat import running_on_ci  # pytest's own rule: no cut on CI
 
 from harness import devices, skips
 from harness.launch.case import RankedTestCase
@@ -103,7 +104,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def _truncation(config: pytest.Config) -> Tuple[int, int]:
     """pytest's cut of an assertion explanation (lines, characters; (0, 0): none), by its
     rule: the ini limits (else pytest's own), none on CI."""
-    if any(os.environ.get(name) for name in ("CI", "BUILD_NUMBER")):
+    if running_on_ci():
         return 0, 0
     limits = (config.getini(f"truncation_limit_{kind}") for kind in ("lines", "chars"))
     lines, chars = (int(value) if value is not None else default

@@ -58,7 +58,7 @@ class FunctionCall:
     module: str
     qualname: str  # `test_x`, or `TestX.test_x` for a method (a fresh instance per test)
     argnames: Tuple[str, ...]  # the test's parameters, in order
-    # rank fixtures the test uses without taking them (usefixtures, autouse): built first
+    # rank fixtures the test uses without taking them (usefixtures): built first
     used_fixtures: Tuple[str, ...] = ()
     module_path: Optional[str] = None  # the module's file, where its name cannot be imported
     values: Dict[str, Any] = field(default_factory=dict)  # fixtures resolved in the parent
