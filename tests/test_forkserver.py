@@ -24,7 +24,7 @@ from unittest import mock
 
 import pytest
 
-from harness.process import forkserver
+from harness.process import forkserver, mp_forkserver
 from tests import zygote
 from tests.fixtures import child_env, procs
 
@@ -37,7 +37,7 @@ import multiprocessing
 import os
 import sys
 
-from harness.process import forkserver
+from harness.process import forkserver, mp_forkserver
 
 
 def start_forkserver():
@@ -50,7 +50,7 @@ def start_forkserver():
     child.start()
     child.join()
     assert child.exitcode == 0, child.exitcode
-    return multiprocessing.forkserver._forkserver._forkserver_address
+    return mp_forkserver.SERVER._forkserver_address  # the harness's own server's socket
 '''
 
 STOP_AND_RESTART = PRELUDE + '''
@@ -318,7 +318,7 @@ class StartAsForkConditions(unittest.TestCase):
     def setUp(self) -> None:
         self.forks_made: List[Any] = []
         safe = [
-            (forkserver.forked_server, "fork_forkserver", self.forks_made.append),
+            (forkserver.mp_forkserver, "fork_server", self.forks_made.append),
             (forkserver, "helper_pids", dict),
             (forkserver.threading, "active_count", lambda: 1),
             (forkserver, "_native_threads", lambda: forkserver._THREADS_AT_IMPORT),

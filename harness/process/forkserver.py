@@ -1,5 +1,9 @@
 """How rank processes start: a forkserver that already has torch and the test code imported.
 
+The server is the harness's own (harness/process/mp_forkserver.py), not multiprocessing's
+process-wide one: a user's own forkserver pool in the same process neither slows the ranks
+(its server has not imported torch) nor gets the harness's preloads.
+
 A rank forked from it starts in milliseconds; a spawned interpreter (the fallback,
 HARNESS_START_METHOD=spawn) spends seconds importing torch. The forkserver is started once
 per test process, with `_preload` imported; modules added by `preload()` after that are
@@ -30,9 +34,6 @@ import atexit
 import contextlib
 import importlib
 import multiprocessing
-import multiprocessing.forkserver
-import multiprocessing.resource_tracker
-import multiprocessing.util
 import os
 import shutil
 import signal
@@ -41,14 +42,13 @@ import threading
 import time
 import types
 import unittest
-from multiprocessing import spawn
 from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, NoReturn, Optional
 
 import torch
 
 from harness import devices
 from harness.compat.comparison import assert_close_imports_dtensor
-from harness.process import assert_rewrite, forked_server
+from harness.process import assert_rewrite, mp_forkserver
 
 MAIN_PATH_ENV = "HARNESS_FORKSERVER_MAIN"
 MODULES_ENV = "HARNESS_FORKSERVER_MODULES"
@@ -109,13 +109,12 @@ def preload(*modules: str) -> None:
 def context(test_module: str) -> Any:
     """The multiprocessing context ranks start from, with the forkserver running if used."""
     check_not_bootstrapping()
-    method = devices.start_method()
-    ctx = multiprocessing.get_context(method)
-    if method == "forkserver":
-        preload(test_module)
-        ctx.set_forkserver_preload([*_server_preload(), "harness.process.forkserver_main"])
-        _ensure_running()
-    return ctx
+    if devices.start_method() != "forkserver":
+        return multiprocessing.get_context("spawn")
+    preload(test_module)
+    mp_forkserver.set_preload([*_server_preload(), "harness.process.forkserver_main"])
+    _ensure_running()
+    return mp_forkserver.context()
 
 
 def warm_up(test_module: str) -> None:
@@ -139,8 +138,8 @@ def _main_script() -> Optional[str]:
     path = getattr(main, "__file__", None)
     if getattr(getattr(main, "__spec__", None), "name", None) is not None or path is None:
         return None
-    if not os.path.isabs(path) and multiprocessing.process.ORIGINAL_DIR is not None:
-        path = os.path.join(multiprocessing.process.ORIGINAL_DIR, path)
+    if not os.path.isabs(path) and mp_forkserver.original_dir() is not None:
+        path = os.path.join(mp_forkserver.original_dir(), path)
     return os.path.normpath(path)
 
 
@@ -163,7 +162,7 @@ def _ensure_running() -> None:
         if value is not None:
             os.environ[name] = value
     try:
-        multiprocessing.forkserver.ensure_running()
+        mp_forkserver.ensure_running()
     finally:
         for name, value in saved.items():
             if value is None:
@@ -186,7 +185,7 @@ def start_as_fork(modules: Iterable[str]) -> bool:
     """
     if (
         devices.start_method() != "forkserver" or "forkserver" in helper_pids()
-        or not forked_server.supported() or _accelerator_built()
+        or not mp_forkserver.can_fork() or _accelerator_built()
     ):
         return False
     preload(*modules)
@@ -198,7 +197,7 @@ def start_as_fork(modules: Iterable[str]) -> bool:
     if threading.active_count() != 1 or not _native_threads() <= _THREADS_AT_IMPORT:
         return False
     runner = os.getpid()
-    return forked_server.fork_forkserver(lambda listener, alive: _serve(listener, alive, runner))
+    return mp_forkserver.fork_server(lambda listener, alive: _serve(listener, alive, runner))
 
 
 def start_as_fork_under_unittest_main() -> None:
@@ -244,14 +243,15 @@ def _serve(listener_fd: int, alive_r: int, runner: int) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # what the ranks start with
     for signum in GROUP_SIGNALS:
         signal.signal(signum, _outlive_group_signal)
-    multiprocessing.util.register_after_fork(_RANK_HOOK, _default_group_signals)
+    mp_forkserver.after_fork(_RANK_HOOK, _default_group_signals)
     os.environ[RUNNER_ENV] = str(runner)  # for check_not_bootstrapping while it imports
+    assert_rewrite.install(assert_rewrite.settings())  # the explainer pytest sets per test
     script = _main_script()
     if script is not None:
         sys.modules["__main__"] = types.ModuleType("__main__")
-        _import_test_code(spawn.import_main_path, script)
+        _import_test_code(mp_forkserver.import_main_path, script)
     try:
-        multiprocessing.forkserver.main(listener_fd, alive_r, [])
+        mp_forkserver.serve_requests(listener_fd, alive_r)
     finally:
         _forkserver_exit(os.getpid(), runner)
 
@@ -266,7 +266,7 @@ def load_test_code_in_forkserver() -> None:
         _import_test_code(importlib.import_module, name)
     path = os.environ.get(MAIN_PATH_ENV)
     if path and getattr(sys.modules["__main__"], "__file__", None) != path:
-        _import_test_code(spawn.import_main_path, path)
+        _import_test_code(mp_forkserver.import_main_path, path)
 
 
 def _import_test_code(load: Callable[[str], Any], name: str) -> None:
@@ -311,8 +311,7 @@ def check_not_bootstrapping() -> None:
     preloading the test code, or a rank importing it before it runs: the code starts ranks
     when imported, and each rank started here would import it and start more."""
     in_forkserver = os.environ.get(RUNNER_ENV) == str(os.getppid())  # only it has that parent
-    bootstrapping = getattr(multiprocessing.current_process(), "_inheriting", False)
-    if in_forkserver or bootstrapping:
+    if in_forkserver or mp_forkserver.importing_main():
         os._exit(MISSING_GUARD_EXIT)
 
 
@@ -348,9 +347,9 @@ def exit_for_missing_guard(module: str) -> NoReturn:
         'import it again: put the code that runs its tests under `if __name__ == "__main__":`'
     )
     stop_helpers({})  # reaps the forkserver that stopped itself
-    outcomes = sys.modules.get("_pytest.outcomes")
-    if outcomes is not None and os.environ.get("PYTEST_VERSION"):  # a pytest session runs
-        raise outcomes.Exit(message, returncode=MISSING_GUARD_EXIT_CODE)
+    pytest = sys.modules.get("pytest")
+    if pytest is not None and os.environ.get("PYTEST_VERSION"):  # a pytest session runs
+        pytest.exit(message, returncode=MISSING_GUARD_EXIT_CODE)
     sys.stdout.flush()
     print(message, file=sys.stderr, flush=True)
     atexit._run_exitfuncs()
@@ -358,39 +357,18 @@ def exit_for_missing_guard(module: str) -> NoReturn:
 
 
 def helper_pids() -> Dict[str, int]:
-    """multiprocessing's helper processes this process runs now: forkserver, resource tracker."""
-    pids = {
-        "forkserver": multiprocessing.forkserver._forkserver._forkserver_pid,
-        "resource tracker": multiprocessing.resource_tracker._resource_tracker._pid,
-    }
-    return {name: pid for name, pid in pids.items() if pid is not None}
+    """The helper processes this process runs now: the harness's forkserver, and
+    multiprocessing's resource tracker."""
+    return mp_forkserver.helper_pids()
 
 
 def stop_helpers(keep: Dict[str, int]) -> None:
-    """Stop and reap the helpers running now that are not in `keep` (what ran before the run).
-
-    The forkserver's socket is removed first: that tells the forkserver it was stopped on
-    purpose, so it leaves multiprocessing's temp folder to this (living) process.
-    """
+    """Stop and reap the helpers running now that are not in `keep` (what ran before the run)."""
     running = helper_pids()
     if running.get("forkserver") not in (None, keep.get("forkserver")):
-        server = multiprocessing.forkserver._forkserver
-        with server._lock:
-            address, alive_fd = server._forkserver_address, server._forkserver_alive_fd
-            pid = server._forkserver_pid
-            server._forkserver_address = server._forkserver_alive_fd = None
-            server._forkserver_pid = None
-            if isinstance(address, str) and not address.startswith("\0"):
-                _remove(address)
-            os.close(alive_fd)  # the forkserver exits when every holder of this pipe closed it
-        _reap(pid)
+        _reap(mp_forkserver.detach_server())
     if running.get("resource tracker") not in (None, keep.get("resource tracker")):
-        tracker = multiprocessing.resource_tracker._resource_tracker
-        with tracker._lock:
-            fd, pid = tracker._fd, tracker._pid
-            tracker._fd = tracker._pid = None
-            os.close(fd)  # at EOF the tracker frees what its clients leaked, then exits
-        _reap(pid)
+        _reap(mp_forkserver.detach_resource_tracker())
 
 
 def _remove(path: str) -> None:
@@ -400,8 +378,10 @@ def _remove(path: str) -> None:
         pass
 
 
-def _reap(pid: int) -> None:
+def _reap(pid: Optional[int]) -> None:
     """Wait for a child to exit; kill it if it has not after HELPER_EXIT_WAIT_S."""
+    if pid is None:
+        return
     deadline = time.monotonic() + HELPER_EXIT_WAIT_S
     try:
         while os.waitpid(pid, os.WNOHANG) == (0, 0):
@@ -424,7 +404,7 @@ def clean_up_when_orphaned() -> None:
         atexit.register(_forkserver_exit, os.getpid(), int(runner))
         for signum in GROUP_SIGNALS:
             signal.signal(signum, _outlive_group_signal)
-        multiprocessing.util.register_after_fork(_RANK_HOOK, _default_group_signals)
+        mp_forkserver.after_fork(_RANK_HOOK, _default_group_signals)
 
 
 class _AfterFork:
@@ -449,8 +429,8 @@ def _default_group_signals(hook: _AfterFork) -> None:
 def _forkserver_exit(pid: int, runner: int) -> None:
     if os.getpid() != pid:  # a process forked from the forkserver (they exit via os._exit)
         return
-    address = multiprocessing.forkserver._forkserver._forkserver_address
-    if isinstance(address, str) and os.path.exists(address):  # not stopped by stop_helpers
+    address = mp_forkserver.server_address()
+    if address is not None and os.path.exists(address):  # not stopped by stop_helpers
         folder = os.path.dirname(address)
         if _runner_gone(runner) and os.path.basename(folder).startswith("pymp-"):
             shutil.rmtree(folder, ignore_errors=True)

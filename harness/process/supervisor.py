@@ -16,7 +16,6 @@ harness/outcome/merge.py's job; harness/process/launchers.py puts the two togeth
 
 from __future__ import annotations
 
-import multiprocessing.util
 import os
 import shutil
 import signal
@@ -30,7 +29,7 @@ from harness import devices
 from harness.launch.fail_fast import FailFast
 from harness.outcome import collective_trace, stacks
 from harness.outcome.rank_record import RankRecord, fails_rank
-from harness.process import assert_rewrite, forkserver
+from harness.process import assert_rewrite, forkserver, mp_forkserver
 from harness.process.rank import (
     COLLECTIVES_SIGNAL,
     STACK_SIGNAL,
@@ -58,7 +57,7 @@ class RankGroup:
         forkserver.check_not_bootstrapping()  # before anything is created that exit would leave
         # Mode 0700, private to this user; inside multiprocessing's own temp dir, which the
         # forkserver removes when the runner is killed, so not even a SIGKILL leaves it behind.
-        self.work_dir = tempfile.mkdtemp(prefix="harness-", dir=multiprocessing.util.get_temp_dir())
+        self.work_dir = tempfile.mkdtemp(prefix="harness-", dir=mp_forkserver.temp_dir())
         self.file_name = os.path.join(self.work_dir, "rendezvous")
         os.close(os.open(self.file_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         self.temp_dir = os.path.join(self.work_dir, "tmp")

@@ -26,15 +26,16 @@ fixtures, registered with this plugin.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
 from typing import Any, Generator, Optional, Tuple
 
 import pytest
-from _pytest.compat import running_on_ci  # pytest's own rule: no cut on CI
 
 from harness import devices, skips
+from harness.compat import pytest_internals
 from harness.launch.case import RankedTestCase
 from harness.outcome.replay import rank_report
 from harness.process import assert_rewrite, forkserver, shared
@@ -92,19 +93,39 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Name the collected modules pytest rewrote, for the forkserver to rewrite them too."""
+    """Name the collected modules pytest rewrote, for the forkserver to rewrite them too;
+    then start the forkserver, if the tests need one."""
     modules = {getattr(item, "module", None) for item in session.items}
     config = session.config
     assert_rewrite.rewrite_in_ranks(
         assert_rewrite.rewritten_by_pytest(modules),
         config.get_verbosity(pytest.Config.VERBOSITY_ASSERTIONS), _truncation(config),
     )
+    if not config.option.collectonly:
+        _fork_forkserver(session)
+
+
+def _fork_forkserver(session: pytest.Session) -> None:
+    """Start the forkserver as a fork of this process, now that pytest has imported the test
+    modules (their asserts rewritten) and before any test or fixture ran: the first ranks
+    start at once, where a forkserver started as an interpreter would import torch and the
+    test code again first (seconds). Where forking is not safe here (another thread runs, an
+    accelerator runtime is built in), the first test that starts ranks starts one instead."""
+    items = [item for item in session.items if _starts_rank_processes(item)]
+    try:
+        if not items or devices.start_method() != "forkserver" or devices.torchrun_env():
+            return
+    except devices.HarnessConfigError:
+        return  # the tests report it
+    capture = session.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        forkserver.start_as_fork({item.module.__name__ for item in items})  # type: ignore[attr-defined]
 
 
 def _truncation(config: pytest.Config) -> Tuple[int, int]:
     """pytest's cut of an assertion explanation (lines, characters; (0, 0): none), by its
     rule: the ini limits (else pytest's own), none on CI."""
-    if running_on_ci():
+    if pytest_internals.running_on_ci():  # pytest's own rule: no cut on CI
         return 0, 0
     limits = (config.getini(f"truncation_limit_{kind}") for kind in ("lines", "chars"))
     lines, chars = (int(value) if value is not None else default

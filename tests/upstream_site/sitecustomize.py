@@ -28,7 +28,7 @@ if os.environ.get("HARNESS_TESTS_UPSTREAM_FORKSERVER") == "1":
     import unittest
     from multiprocessing import context, forkserver, spawn
 
-    from harness.process import forked_server
+    from harness.process import mp_forkserver
 
     PRELOAD = [
         "__main__", "torch", "torch.distributed",
@@ -56,8 +56,10 @@ if os.environ.get("HARNESS_TESTS_UPSTREAM_FORKSERVER") == "1":
     run_tests = unittest.TestProgram.runTests
 
     def run_tests_from_forked_server(self: unittest.TestProgram) -> None:
-        if threading.active_count() == 1 and forked_server.supported():
-            forked_server.fork_forkserver(serve)  # with other threads: could inherit a held lock
+        if threading.active_count() == 1 and mp_forkserver.can_fork():
+            # with other threads: could inherit a held lock. Upstream's ranks ask for
+            # multiprocessing's own server, so that is the one forked.
+            mp_forkserver.fork_server(serve, mp_forkserver.PROCESS_WIDE)
         run_tests(self)
 
     spawn.get_preparation_data = get_preparation_data_with_environ

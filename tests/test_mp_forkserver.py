@@ -1,0 +1,110 @@
+"""harness/process/mp_forkserver.py: the harness's own forkserver, apart from multiprocessing's
+process-wide one that a user's own pools use, in both directions.
+
+A pytest session in a subprocess runs, in order: a user's forkserver pool (it starts the
+process-wide server), two fresh ranked tests, the user's pool again, and a check. The pool's
+workers report their parent (the user's server) and what they imported; the ranks report
+their parent. Run twice: with the harness's server forked from the pytest process after
+collection, and started as an interpreter (a thread of the user's conftest keeps the harness
+from forking).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures import child_env
+
+USER_POOL = '''
+import multiprocessing
+import os
+import sys
+
+
+def probe(_):
+    """What a user's pool worker sees: its parent, and whether it imported what it never
+    asked for."""
+    return os.getppid(), "harness" in sys.modules, "torch" in sys.modules
+
+
+def run_pool():
+    with multiprocessing.get_context("forkserver").Pool(2) as pool:
+        return pool.map(probe, range(2))
+'''
+
+SESSION = '''
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import user_pool
+from harness.process import mp_forkserver
+
+SEEN = {}
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_users_pool_before():
+    SEEN["before"] = user_pool.run_pool()
+
+
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("i", range(2))
+def test_fresh_ranks(rank, i):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 2
+    with open(os.path.join(HERE, f"rank{rank}-{i}.json"), "w") as out:
+        json.dump({"parent": os.getppid()}, out)
+
+
+def test_users_pool_after():
+    SEEN["after"] = user_pool.run_pool()
+    ranks = [json.load(open(os.path.join(HERE, name)))
+             for name in os.listdir(HERE) if name.startswith("rank")]
+    harness_server = mp_forkserver.helper_pids()["forkserver"]
+    user_servers = {parent for parent, _, _ in SEEN["before"] + SEEN["after"]}
+    assert len(ranks) == 4
+    assert {r["parent"] for r in ranks} == {harness_server}, "ranks not from the harness's server"
+    assert harness_server not in user_servers, "the user's pool used the harness's server"
+    assert len(user_servers) == 1, "the user's server changed between its uses"
+    imported = [(h, t) for _, h, t in SEEN["before"] + SEEN["after"]]
+    assert imported == [(False, False)] * 4, "the user's workers imported harness or torch"
+'''
+
+THREAD_IN_CONFTEST = '''
+import threading
+
+threading.Thread(target=threading.Event().wait, args=(600,), daemon=True).start()
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("server", ["forked", "started"])
+def test_a_users_forkserver_pool_and_fresh_ranks_keep_apart(tmp_path: Path, server: str) -> None:
+    (tmp_path / "user_pool.py").write_text(USER_POOL)
+    (tmp_path / "test_mixed.py").write_text(SESSION)
+    if server == "started":
+        (tmp_path / "conftest.py").write_text(THREAD_IN_CONFTEST)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
+         "-q", "test_mixed.py"],
+        cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert "4 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_the_harness_server_is_not_the_process_wide_one() -> None:
+    from harness.process import mp_forkserver
+
+    assert mp_forkserver.SERVER is not mp_forkserver.PROCESS_WIDE
+    process = mp_forkserver.context().Process(target=print)
+    assert isinstance(process, mp_forkserver.Process)
+    assert mp_forkserver.context().get_start_method() == "forkserver"
