@@ -3,13 +3,25 @@ would in its own process (the end-to-end runs are tests/test_pytest_functions.py
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+import textwrap
 import unittest
 from unittest import mock
 
 from _pytest.assertion import util
 
+from harness.compat import pytest_internals
 from harness.process import assert_rewrite
+
+USER_MODULE = textwrap.dedent("""
+    def compare(rank):
+        assert [1, 2, rank + 3] == [1, 2, 3]
+
+    def with_message(rank):
+        assert rank == 0, "the user's own message"
+""")
 
 
 class Explanation(unittest.TestCase):
@@ -22,10 +34,13 @@ class Explanation(unittest.TestCase):
         names, explain = list(assert_rewrite._names), list(assert_rewrite._explain_settings)
         self.addCleanup(assert_rewrite._names.__setitem__, slice(None), names)
         self.addCleanup(assert_rewrite._explain_settings.__setitem__, slice(None), explain)
-        # pytest explains more on a CI machine (CI or BUILD_NUMBER set): these tests are off it
-        off_ci = mock.patch.dict("os.environ", {"CI": "", "BUILD_NUMBER": ""})
+        # pytest explains more on a CI machine (CI or BUILD_NUMBER set; before pytest 9, even
+        # empty): these tests are off it
+        off_ci = mock.patch.dict("os.environ")
         off_ci.start()
         self.addCleanup(off_ci.stop)
+        for name in ("CI", "BUILD_NUMBER"):
+            os.environ.pop(name, None)
 
     def test_a_failed_comparison_is_explained_as_pytest_does(self) -> None:
         explain = assert_rewrite._explainer(0, 8, 640)
@@ -68,6 +83,70 @@ class Explanation(unittest.TestCase):
         util._reprcompare = None
         assert_rewrite.install({})
         self.assertIsNone(util._reprcompare)
+
+    def failure(self, function: str = "compare") -> str:
+        """The message of a failed assert in a module imported as a rank imports it."""
+        with tempfile.TemporaryDirectory() as folder:
+            name = f"harness_rank_probe_{os.getpid()}"
+            with open(os.path.join(folder, f"{name}.py"), "w") as file:
+                file.write(USER_MODULE)
+            sys.path.insert(0, folder)
+            try:
+                assert_rewrite.install({assert_rewrite.REWRITE_ENV: name})
+                module = __import__(name)
+                with self.assertRaises(AssertionError) as raised:
+                    getattr(module, function)(2)
+            finally:
+                sys.path.remove(folder)
+                sys.modules.pop(name, None)
+        return str(raised.exception)
+
+    def test_a_rank_assert_explains_itself_as_in_pytest(self) -> None:
+        util._reprcompare = None
+        message = self.failure()
+        self.assertIn("assert [1, 2, 5] == [1, 2, 3]", message)
+        self.assertIn("At index 2 diff: 5 != 3", message)
+
+    def test_an_explainer_pytest_changed_leaves_the_plain_assert_and_one_line_why(self) -> None:
+        changed = pytest_internals.PytestInternalsError(
+            "_pytest.assertion.pytest_assertrepr_compare of pytest 9.9.0: TypeError: "
+            "assertrepr_compare() takes 3 positional arguments\nbut 4 were given")
+        with mock.patch.object(pytest_internals, "explain_comparison", side_effect=changed):
+            message = self.failure()
+        self.assertEqual(message.splitlines(), [
+            "assert [1, 2, 5] == [1, 2, 3]",
+            "  (harness: pytest's assertion explainer could not be used in the "
+            "ranks: _pytest.assertion.pytest_assertrepr_compare of pytest 9.9.0: TypeError: "
+            "assertrepr_compare() takes 3 positional arguments but 4 were given)",
+        ])
+
+    def test_a_plain_repr_of_what_cannot_be_explained_never_raises(self) -> None:
+        class Unprintable:
+            def __repr__(self) -> str:
+                raise ValueError("no")
+
+        self.assertEqual(assert_rewrite._plain_repr(Unprintable()),
+                         "<Unprintable object: repr raised ValueError>")
+        long = assert_rewrite._plain_repr("x" * 1000)
+        self.assertEqual(len(long), 240)
+        self.assertIn("...", long)
+
+    def test_an_explainer_that_cannot_be_installed_is_named_in_each_assert(self) -> None:
+        gone = pytest_internals.PytestInternalsError("_pytest.assertion.util._reprcompare: gone")
+        with mock.patch.object(pytest_internals, "set_comparison_explainer", side_effect=gone):
+            message = self.failure()
+        self.assertIn("could not be used in the ranks: _pytest.assertion.util._reprcompare: "
+                      "gone)", message.splitlines()[0])
+        self.assertIn("assert [1, 2, 5] == [1, 2, 3]", message)  # still rewritten
+
+    def test_rewriting_pytest_changed_leaves_plain_asserts_that_say_why(self) -> None:
+        gone = pytest_internals.PytestInternalsError("_pytest.assertion.rewrite: moved")
+        with mock.patch.object(pytest_internals, "rewrite_asserts", side_effect=gone):
+            bare = self.failure()
+            own = self.failure("with_message")
+        self.assertEqual(bare, "(harness: pytest's assertion rewriting could not be used in "
+                               "the ranks: _pytest.assertion.rewrite: moved)")
+        self.assertEqual(own, "the user's own message")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from unittest import mock
 
 import pytest
 
-from harness.process import forkserver, mp_forkserver
+from harness.process import forkserver
 from tests import zygote
 from tests.fixtures import child_env, procs
 
@@ -37,7 +37,7 @@ import multiprocessing
 import os
 import sys
 
-from harness.process import forkserver, mp_forkserver
+from harness.process import forkserver
 
 
 def start_forkserver():

@@ -13,6 +13,10 @@ sets only while it runs a test in its own process; a rank sets its own (`_explai
 settings of the pytest run that started it (EXPLAIN_ENV: the assertion verbosity and the
 truncation limits), so that a rank's failure reads as it would in pytest itself. Conftest
 `pytest_assertrepr_compare` hooks do not run in a rank (the rank has no pytest config).
+
+pytest's private functions for all this are harness/compat/pytest_internals.py's. Where one
+cannot be used (a pytest that changed it), a rank's failed assert still fails plainly, with
+one line saying why its explanation is missing: never silently, never with a traceback.
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ import sys
 from types import CodeType
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
+from harness.compat import pytest_internals
+
 REWRITE_ENV = "HARNESS_PYTEST_REWRITE"
 EXPLAIN_ENV = "HARNESS_PYTEST_EXPLAIN"  # "verbosity,max lines,max chars"; limits 0,0: no cut
 PYTEST_TRUNCATION = (8, 640)  # pytest's own limits (lines, characters) when its ini sets none
-_REWRITTEN_MARK = "@pytest_ar"  # the name pytest's rewriting adds to a module's globals
 _names: List[str] = []  # what the pytest plugin asked for, in this process
 _explain_settings: List[str] = []
 
@@ -52,29 +57,47 @@ def settings() -> Dict[str, str]:
 def rewritten_by_pytest(modules: Iterable[Any]) -> FrozenSet[str]:
     """The names of those modules whose asserts pytest rewrote when it imported them."""
     return frozenset(
-        m.__name__ for m in modules if m is not None and _REWRITTEN_MARK in vars(m)
+        m.__name__ for m in modules if m is not None and pytest_internals.was_rewritten(m)
     )
 
 
 class _RewritingLoader(importlib.machinery.SourceFileLoader):
     """Compiles the module from its source with pytest's assertion rewriting (never from a
-    cached .pyc, which holds the plain compilation)."""
+    cached .pyc, which holds the plain compilation). Where rewriting, or the explainer, cannot
+    be used, the module's bare asserts say why (`unexplained`): never a silent bare
+    AssertionError, never a traceback at import."""
+
+    def __init__(self, fullname: str, path: str, unexplained: Optional[str]) -> None:
+        super().__init__(fullname, path)
+        self.unexplained = unexplained
 
     def get_code(self, fullname: str) -> CodeType:
-        from _pytest.assertion.rewrite import rewrite_asserts
-
         path = self.get_filename(fullname)
         source = self.get_data(path)
-        tree = ast.parse(source, filename=path)
-        rewrite_asserts(tree, source, path)
+        tree = _parse(source, path, self.unexplained)
+        try:
+            pytest_internals.rewrite_asserts(tree, source, path)
+        except pytest_internals.PytestInternalsError as error:
+            tree = _parse(source, path, _unexplained("assertion rewriting", error))
         return compile(tree, path, "exec", dont_inherit=True)
+
+
+def _parse(source: bytes, path: str, unexplained: Optional[str]) -> ast.Module:
+    """The module's tree; with `unexplained`, that line is the message of its bare asserts."""
+    tree = ast.parse(source, filename=path)
+    if unexplained is not None:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assert) and node.msg is None:
+                node.msg = ast.copy_location(ast.Constant(unexplained), node)
+    return tree
 
 
 class _RewritingFinder(importlib.abc.MetaPathFinder):
     """Finds the named modules as the path finder does, to load them rewritten."""
 
-    def __init__(self, names: FrozenSet[str]) -> None:
+    def __init__(self, names: FrozenSet[str], unexplained: Optional[str]) -> None:
         self.names = names
+        self.unexplained = unexplained
 
     def find_spec(
         self, fullname: str, path: Optional[Sequence[str]] = None, target: Any = None
@@ -84,43 +107,40 @@ class _RewritingFinder(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
             return spec
-        spec.loader = _RewritingLoader(fullname, spec.loader.path)
+        spec.loader = _RewritingLoader(fullname, spec.loader.path, self.unexplained)
         return spec
 
 
-class _AssertionSettings:
-    """What pytest's comparison explainer reads from its config: the assertion verbosity, and
-    a terminal writer that does not colour."""
+def _unexplained(what: str, error: pytest_internals.PytestInternalsError) -> str:
+    """The one line a rank's failed assert carries when pytest's `what` could not be used
+    (`error` names the symbol and the pytest version)."""
+    reason = " ".join(str(error).split())
+    return f"(harness: pytest's {what} could not be used in the ranks: {reason})"
 
-    def __init__(self, verbosity: int) -> None:
-        self.verbosity = verbosity
 
-    def get_verbosity(self, verbosity_type: Optional[str] = None) -> int:
-        return self.verbosity
-
-    def get_terminal_writer(self) -> _AssertionSettings:
-        return self
-
-    def _highlight(self, source: str, lexer: str = "python") -> str:
-        return source
+def _plain_repr(obj: Any) -> str:
+    """`obj` as a plain failed assert shows it (its repr, the middle cut beyond pytest's 240
+    characters), for when pytest's explainer cannot be used; never raises."""
+    try:
+        text = repr(obj)
+    except Exception as error:
+        return f"<{type(obj).__name__} object: repr raised {type(error).__name__}>"
+    return text if len(text) <= 240 else f"{text[:118]}...{text[-119:]}"
 
 
 def _explainer(verbosity: int, max_lines: int, max_chars: int) -> Callable[..., Optional[str]]:
     """A rank's `util._reprcompare`: pytest's explanation of a failed comparison, cut and
-    escaped as pytest's own callback does it in the test process."""
-    from _pytest.assertion import truncate, util
-
-    settings = _AssertionSettings(verbosity)
-    cut = verbosity < 2 and (max_lines > 0 or max_chars > 0)
+    escaped as pytest's own callback does it in the test process; where pytest's explainer
+    cannot be used, the plain comparison and one line saying why."""
 
     def explain(op: str, left: Any, right: Any) -> Optional[str]:
         try:
-            lines = util.assertrepr_compare(settings, op, left, right)
-            if not lines:
-                return None
-            if cut:
-                lines = truncate._truncate_explanation(lines, max_lines, max_chars)
-        except Exception:  # a pytest whose explainer reads more than this: the plain assert
+            lines = pytest_internals.explain_comparison(op, left, right, verbosity, max_lines,
+                                                        max_chars)
+        except pytest_internals.PytestInternalsError as error:
+            lines = [f"{_plain_repr(left)} {op} {_plain_repr(right)}",
+                     _unexplained("assertion explainer", error)]
+        if not lines:
             return None
         return "\n~".join(line.replace("\n", "\\n") for line in lines).replace("%", "%%")
 
@@ -133,12 +153,12 @@ def install(env: Dict[str, str]) -> None:
     names = frozenset(n for n in env.get(REWRITE_ENV, "").split(",") if n)
     if not names:
         return
-    try:
-        from _pytest.assertion import util  # pytest is what asked for it
-    except ImportError:
-        return
     explain = env.get(EXPLAIN_ENV, "0,{},{}".format(*PYTEST_TRUNCATION))
     verbosity, max_lines, max_chars = (int(v) for v in explain.split(","))
-    util._reprcompare = _explainer(verbosity, max_lines, max_chars)
+    try:
+        pytest_internals.set_comparison_explainer(_explainer(verbosity, max_lines, max_chars))
+        unexplained = None
+    except pytest_internals.PytestInternalsError as error:
+        unexplained = _unexplained("assertion explainer", error)
     if not any(isinstance(f, _RewritingFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RewritingFinder(names))
+        sys.meta_path.insert(0, _RewritingFinder(names, unexplained))

@@ -61,6 +61,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if (unsupported := pytest_internals.check_supported_pytest(pytest.__version__)) is not None:
+        raise pytest.UsageError(unsupported)
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     for module in (functions, fixtures, pool, deepspeed):
