@@ -37,7 +37,7 @@ import multiprocessing
 import os
 import sys
 
-from harness.process import forkserver
+from harness.process import forkserver, mp_forkserver
 
 
 def start_forkserver():

@@ -53,6 +53,16 @@ class Format(unittest.TestCase):
         self.assertEqual(dump, CRASH_DUMP)
         self.assertEqual(stacks.split_fatal_error("plain\n"), ("plain\n", ""))
 
+    def test_a_process_rank_starts_at_multiprocessings_bootstrap(self) -> None:
+        """A rank forked from a forkserver forked from pytest (an xdist worker) carries their
+        frames below its own start: none of them is shown."""
+        frames = [
+            Frame("/venv/execnet/gateway_base.py", 1806, "serve"),
+            Frame("/venv/xdist/remote.py", 427, "<module>"),
+            Frame(MP, 314, "_bootstrap"), Frame(MP, 108, "run"), Frame(USER, 20, "test_x"),
+        ]
+        self.assertEqual(stacks.visible(frames), [Frame(USER, 20, "test_x")])
+
     def test_harness_frames_are_hidden_unless_nothing_else_is_left(self) -> None:
         frames = [
             Frame("<string>", 1, "<module>"), Frame(MP, 108, "run"),

@@ -32,6 +32,7 @@ from harness.launch.in_process import SimulatedRanks
 from harness.launch.launcher import Launcher
 from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
+from harness.process.rank import destroy_default_group
 from harness.skips import TEST_SKIPS, accelerators_suffice, skip_if_lt_x_gpu
 from harness.testcase import TestCase
 from harness.threads.case import MultiThreadedTestCase
@@ -186,7 +187,7 @@ class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
             if device_id is None:
                 device_id = torch.accelerator.current_device_index()
             dist.barrier(device_ids=[device_id])
-        dist.destroy_process_group()
+        destroy_default_group()
 
 
 class DTensorContinuousTestBase(DTensorTestMixin, MultiProcContinuousTest):
@@ -222,7 +223,7 @@ def _comms_wrapper(func: TestFunc, eager_init: bool, backend: Optional[str]) -> 
             result = func(self, *args, **kwargs)
         except BaseException:
             if dist.is_initialized():
-                dist.destroy_process_group()  # no barrier: the other ranks may never reach it
+                destroy_default_group()  # no barrier: the other ranks may never reach it
             raise
         self.destroy_pg()
         return result

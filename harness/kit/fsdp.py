@@ -36,6 +36,7 @@ from harness.kit.fsdp_helpers import _zero_model, get_full_params
 from harness.kit.models import DEVICEInitMode, FSDPInitMode, fsdp_kwargs_for_device
 from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest, class_device_type
+from harness.process.rank import destroy_default_group
 from harness.skips import require_accelerator_per_rank
 from harness.threads.case import MultiThreadedTestCase
 from harness.threads.world import RankReleased
@@ -361,7 +362,7 @@ class FSDPTest(FSDPTestMixin, _AcceleratorPerRank, _RankDevice, MultiProcessTest
         if dist.is_initialized():
             if not self.rank_failed():
                 dist.barrier()
-            dist.destroy_process_group()
+            destroy_default_group()
         super().rank_tear_down()
 
 

@@ -62,9 +62,19 @@ def is_hidden(filename: str) -> bool:
     return os.path.abspath(filename).startswith(_HIDDEN)
 
 
+_PROCESS_ENTRY = (os.path.join(_STARTERS[0], "process.py"), "_bootstrap")
+
+
 def visible(frames: Sequence[Frame]) -> List[Frame]:
     """The frames a report shows (oldest first): without the starters below the test and the
-    harness's machinery; all of them when nothing else is left (a fault of the harness)."""
+    harness's machinery; all of them when nothing else is left (a fault of the harness).
+
+    A process rank's stack starts at multiprocessing's `_bootstrap`: a rank forked from a
+    forkserver that was itself forked from the runner or pytest (and its xdist worker) holds
+    their frames below that, which say nothing about the test."""
+    entries = [i for i, f in enumerate(frames) if (f.filename, f.name) == _PROCESS_ENTRY]
+    if entries:
+        frames = frames[entries[-1]:]
     start = 0
     while start < len(frames) and (
         frames[start].filename.startswith(_STARTERS) or is_hidden(frames[start].filename)

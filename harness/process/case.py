@@ -28,6 +28,7 @@ from harness.outcome.rank_record import RankRecord, raised_in_rank
 from harness.outcome.report import FAILED, PASSED, Outcome
 from harness.process import forkserver
 from harness.process.launchers import FreshProcesses, process_launcher
+from harness.process.rank import destroy_default_group
 from harness.skip_codes import TEST_SKIPS
 from harness.world_size import BaseWorldSize, world_size_of
 
@@ -110,7 +111,7 @@ class MultiProcessTestCase(RankedTestCase):
             self.rank_context is not None and self.destroy_pg_upon_exit
             and not self.rank_failed() and not self._exited_early and dist.is_initialized()
         ):
-            dist.destroy_process_group()
+            destroy_default_group()
         return outcome
 
     def _spawn_processes(self) -> None:
@@ -242,7 +243,7 @@ class DistributedTestBase(MultiProcessTestCase):
 
     def rank_tear_down(self) -> None:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            destroy_default_group()
         super().rank_tear_down()
 
     def backend(self, device: str) -> str:

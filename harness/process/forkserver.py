@@ -66,13 +66,14 @@ MISSING_GUARD_EXIT = 113
 MISSING_GUARD_EXIT_CODE = 2  # the run's exit code then: bad input
 FORKSERVER_EXIT_WAIT_S = 1.0  # after its socket closed, how long the forkserver may take to exit
 
-# What every rank would otherwise import itself, once per test; numpy because TestCase.setUp
-# seeds it. torch.distributed.tensor (over a second) only where torch.testing.assert_close
-# (every tensor assertEqual) would import it in each rank: not with the check of
+# What every rank would otherwise import itself, once per test; numpy and numpy.random (numpy
+# 2 imports it lazily: about 15 ms in a fresh rank) because TestCase.setUp seeds it.
+# torch.distributed.tensor (over a second) only where torch.testing.assert_close (every tensor
+# assertEqual) would import it in each rank: not with the check of
 # harness/compat/comparison.py; test code that uses DTensor brings it with its own imports.
 # Missing modules are skipped.
 _preload: List[str] = [
-    "torch", "torch.distributed", "numpy", "harness.testcase",
+    "torch", "torch.distributed", "numpy", "numpy.random", "harness.testcase",
     "harness.process.rank",
 ]
 _test_modules: List[str] = []  # the test code, imported last (by harness.process.forkserver_main)
@@ -333,13 +334,24 @@ def stopped_for_missing_guard() -> bool:
         time.sleep(0.01)
 
 
+_missing_guards: List[str] = []  # under pytest: the line of each missing guard found
+
+
+def missing_guard_seen() -> Optional[str]:
+    """Under pytest: the line of a missing guard found so far, if any. A module that runs its
+    tests when pytest imports it to collect them (`unittest.main(exit=False)`) catches the
+    `pytest.exit` as one of its tests' errors; the plugin ends the session with it instead."""
+    return _missing_guards[0] if _missing_guards else None
+
+
 def exit_for_missing_guard(module: str) -> NoReturn:
     """End the run now with one line naming the missing guard of `module`'s file.
 
     Not an exception a test reports: the test framework would start the next test, which
     would fail the same way. Under pytest (which captures stderr) it is pytest's own
-    `pytest.exit`, which ends the session with the line and code 2; elsewhere the line goes
-    to stderr and the process exits once its exit handlers ran (temp dirs, helpers).
+    `pytest.exit`, which ends the session with the line and code 2 (also when a module's
+    import-time unittest run caught it: `missing_guard_seen`); elsewhere the line goes to
+    stderr and the process exits once its exit handlers ran (temp dirs, helpers).
     """
     source = getattr(sys.modules.get(module), "__file__", None) or module
     message = (
@@ -349,6 +361,7 @@ def exit_for_missing_guard(module: str) -> NoReturn:
     stop_helpers({})  # reaps the forkserver that stopped itself
     pytest = sys.modules.get("pytest")
     if pytest is not None and os.environ.get("PYTEST_VERSION"):  # a pytest session runs
+        _missing_guards.append(message)
         pytest.exit(message, returncode=MISSING_GUARD_EXIT_CODE)
     sys.stdout.flush()
     print(message, file=sys.stderr, flush=True)

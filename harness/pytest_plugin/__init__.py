@@ -103,6 +103,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         assert_rewrite.rewritten_by_pytest(modules),
         config.get_verbosity(pytest.Config.VERBOSITY_ASSERTIONS), _truncation(config),
     )
+    missing_guard = forkserver.missing_guard_seen()
+    if missing_guard is not None:  # a module ran its tests when imported, starting ranks
+        pytest.exit(missing_guard, returncode=forkserver.MISSING_GUARD_EXIT_CODE)
     if not config.option.collectonly:
         _fork_forkserver(session)
 
