@@ -15,6 +15,11 @@ from typing import Any, Dict, List, Tuple
 
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it (tool.setuptools.dynamic)
 
+if "_pytest.assertion.rewrite" in sys.modules:  # pytest loads us as its plugin: our own
+    from harness.compat import pytest_internals  # modules need no assert rewriting (0.7 s)
+
+    pytest_internals.leave_unrewritten(__name__)
+
 # Each public name, under the module that defines it. A new export is one entry here.
 _HOMES: Dict[str, Tuple[str, ...]] = {
     "harness.device_type": (

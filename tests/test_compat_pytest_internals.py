@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+import sys
 import textwrap
 import types
 import unittest
@@ -123,3 +124,28 @@ class SupportedPytest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class HarnessLeftUnrewritten(unittest.TestCase):
+    """pytest would rewrite every module of the harness's distribution (it registers a pytest11
+    plugin) anew in every session without cached bytecode; `import harness` under pytest asks
+    its import hook not to (`leave_unrewritten`)."""
+
+    def test_pytests_hook_no_longer_marks_the_harness(self) -> None:
+        hooks = [f for f in sys.meta_path if type(f).__name__ == "AssertionRewritingHook"]
+        self.assertTrue(hooks, about("_pytest.assertion.rewrite.AssertionRewritingHook"))
+        self.assertNotIn("harness", hooks[0]._must_rewrite, about("AssertionRewritingHook"))
+
+    def test_the_harness_modules_imported_here_were_not_rewritten(self) -> None:
+        import harness.devices
+        import harness.process.supervisor
+
+        for module in (harness.devices, harness.process.supervisor):
+            self.assertFalse(pytest_internals.was_rewritten(module), module.__name__)
+
+    def test_a_hook_without_the_expected_state_is_left_alone(self) -> None:
+        class AssertionRewritingHook:  # a future pytest's, without _must_rewrite
+            pass
+
+        with mock.patch.object(sys, "meta_path", [AssertionRewritingHook()]):
+            self.assertFalse(pytest_internals.leave_unrewritten("harness"))

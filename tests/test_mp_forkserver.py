@@ -70,6 +70,9 @@ def test_users_pool_after():
     ranks = [json.load(open(os.path.join(HERE, name)))
              for name in os.listdir(HERE) if name.startswith("rank")]
     harness_server = mp_forkserver.helper_pids()["forkserver"]
+    with open(f"/proc/{harness_server}/cmdline") as server, open("/proc/self/cmdline") as me:
+        forked = server.read() == me.read()  # a fork of this process, else an interpreter
+    assert forked == (os.environ["EXPECT_SERVER"] == "forked"), "forked: {}".format(forked)
     user_servers = {parent for parent, _, _ in SEEN["before"] + SEEN["after"]}
     assert len(ranks) == 4
     assert {r["parent"] for r in ranks} == {harness_server}, "ranks not from the harness's server"
@@ -87,16 +90,20 @@ threading.Thread(target=threading.Event().wait, args=(600,), daemon=True).start(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("server", ["forked", "started"])
+@pytest.mark.parametrize("server", ["forked", "started", "forked in an xdist worker"])
 def test_a_users_forkserver_pool_and_fresh_ranks_keep_apart(tmp_path: Path, server: str) -> None:
+    """Also: the harness's server is a fork of the pytest process (or of the xdist worker),
+    made when collection ended, where that is safe; an interpreter where it is not."""
     (tmp_path / "user_pool.py").write_text(USER_POOL)
     (tmp_path / "test_mixed.py").write_text(SESSION)
     if server == "started":
         (tmp_path / "conftest.py").write_text(THREAD_IN_CONFTEST)
+    xdist = ["-n", "1"] if "xdist" in server else []
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
-         "-q", "test_mixed.py"],
-        cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=300,
+         "-q", *xdist, "test_mixed.py"],
+        cwd=tmp_path, env=child_env({"EXPECT_SERVER": server.split()[0]}),
+        capture_output=True, text=True, timeout=300,
     )
     assert "4 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import re
+import sys
 from importlib import import_module
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator, List, Optional
@@ -65,6 +66,28 @@ def running_on_ci() -> bool:
             rule = getattr(import_module(module_name), "running_on_ci", None)
             if rule is not None:
                 return bool(rule())
+    return False
+
+
+def leave_unrewritten(package: str) -> bool:
+    """Have pytest's import hook load `package`'s modules from now on as Python does, without
+    rewriting their asserts; returns whether it could.
+
+    pytest rewrites every module of a distribution that registers a pytest11 plugin, so
+    importing the harness under pytest parsed, rewrote and compiled its ~100 modules anew in
+    every session where no bytecode is cached (PYTHONDONTWRITEBYTECODE, a read-only
+    site-packages): about 0.7 s here, for asserts of the harness's own that no user reads.
+    Test modules and conftests are still rewritten (pytest's rules for them are apart)."""
+    for finder in sys.meta_path:
+        marked = getattr(finder, "_must_rewrite", None)
+        cache = getattr(finder, "_marked_for_rewrite_cache", None)
+        if type(finder).__name__ == "AssertionRewritingHook":
+            if not isinstance(marked, set) or not isinstance(cache, dict):
+                return False
+            marked.discard(package)
+            for name in [n for n in cache if n == package or n.startswith(package + ".")]:
+                del cache[name]
+            return True
     return False
 
 
