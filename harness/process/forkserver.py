@@ -7,10 +7,11 @@ process-wide one: a user's own forkserver pool in the same process neither slows
 A rank forked from it starts in milliseconds; a spawned interpreter (the fallback,
 HARNESS_START_METHOD=spawn) spends seconds importing torch. The forkserver is started once
 per test process, with `_preload` imported; modules added by `preload()` after that are
-imported by each rank itself. A runner (run_all.py, `run_tests()`, `python -m unittest`)
-starts it before its first test as a fork of itself where that is safe (`start_as_fork`),
-sparing the import of torch and the test code a started one spends; elsewhere (pytest) it
-is started as an interpreter when the first ranks start.
+imported by each rank itself. A runner (run_all.py, `run_tests()`, `python -m unittest`, and
+the pytest plugin once collection ends, in each xdist worker too) starts it before its first
+test as a fork of itself where that is safe (`start_as_fork`), sparing the import of torch
+and the test code a started one spends; elsewhere it is started as an interpreter when the
+first ranks start.
 
 Python's forkserver is meant to preload the script that runs as `__main__` too, but up to
 at least Python 3.12 the script's path never reaches it, so every rank would import the
