@@ -77,6 +77,14 @@ class Explanation(unittest.TestCase):
         text = util._reprcompare("==", list(range(100)), list(range(1, 101)))
         self.assertNotIn("use '-vv' to show", text)
 
+    def test_a_verbosity_pytest_accepts_as_a_bool_reaches_the_rank(self) -> None:
+        """A conftest's `config.option.verbose = True` (DeepSpeed's does): pytest reads 1."""
+        assert_rewrite.rewrite_in_ranks(["test_user"], verbosity=True)  # type: ignore[arg-type]
+        env = assert_rewrite.settings()
+        self.assertEqual(env[assert_rewrite.EXPLAIN_ENV], "1,8,640")
+        assert_rewrite.install(env)
+        self.assertIsNotNone(util._reprcompare)
+
     def test_nothing_is_installed_outside_pytest(self) -> None:
         assert_rewrite.rewrite_in_ranks([])
         self.assertEqual(assert_rewrite.settings(), {})

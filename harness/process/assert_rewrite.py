@@ -43,7 +43,8 @@ def rewrite_in_ranks(names: Iterable[str], verbosity: int = 0,
     explaining failed comparisons at this assertion `verbosity`, cut to `truncation` (lines,
     characters; (0, 0) never cuts), as pytest would in its own process."""
     _names[:] = sorted(names)
-    _explain_settings[:] = [f"{verbosity},{truncation[0]},{truncation[1]}"]
+    # int(): a conftest may set `config.option.verbose = True`, which pytest accepts as 1
+    _explain_settings[:] = [f"{int(verbosity)},{truncation[0]},{truncation[1]}"]
 
 
 def settings() -> Dict[str, str]:
