@@ -407,3 +407,62 @@ def test_a_conftest_rank_fixture_under_import_mode_importlib(tmp_path: Path) -> 
         cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300,
     )
     assert "2 passed" in done.stdout, done.stdout[-2000:]
+
+
+MARKING_CONFTEST = '''
+import pytest
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.name.startswith("test_dist"):
+            sizes = [2, 3] if "list" in item.name else 2
+            item.add_marker(pytest.mark.ranks(sizes))
+'''
+
+MARKED_ELSEWHERE = '''
+import pytest
+import torch.distributed as dist
+
+pytestmark = pytest.mark.ranks(2)
+
+
+def test_module_mark(rank, world_size):
+    assert dist.get_world_size() == world_size == 2
+
+
+class TestPlainClass:
+    def test_method(self, rank):
+        assert dist.get_rank() == rank
+'''
+
+MARKED_BY_CONFTEST = '''
+import torch.distributed as dist
+
+
+def test_dist_from_conftest(rank, world_size):
+    assert dist.get_world_size() == world_size == 2
+
+
+def test_dist_list_from_conftest(rank):
+    pass
+'''
+
+
+@pytest.mark.slow
+def test_the_marker_from_pytestmark_a_class_and_a_conftest(tmp_path: Path) -> None:
+    """pytestmark (module, class) and a conftest's add_marker rank a test as the decorator
+    does; a list of sizes added after collection is a one-line error saying why."""
+    (tmp_path / "conftest.py").write_text(MARKING_CONFTEST)
+    (tmp_path / "test_marked_elsewhere.py").write_text(MARKED_ELSEWHERE)
+    (tmp_path / "test_marked_by_conftest.py").write_text(MARKED_BY_CONFTEST)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "PYTEST_"))}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
+         "-q", "-rE"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert "3 passed, 1 error" in done.stdout, done.stdout[-3000:]
+    assert "ERROR test_marked_by_conftest.py::test_dist_list_from_conftest" in done.stdout
+    assert "added after collection" in done.stdout

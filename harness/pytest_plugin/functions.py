@@ -84,6 +84,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize(SIZE_PARAM, ranks.sizes, ids=[size_id(s) for s in ranks.sizes])
 
 
+@pytest.hookimpl(trylast=True)  # after a conftest's hook, which may add the marker in bulk
 def pytest_collection_modifyitems(items: list) -> None:
     for item in items:
         if isinstance(item, pytest.Function):
@@ -105,6 +106,14 @@ def _classify(item: pytest.Function) -> None:
     callspec = getattr(item, "callspec", None)
     if ranks.listed and callspec is not None and SIZE_PARAM in callspec.params:
         ranks = dataclasses.replace(ranks, sizes=(callspec.params[SIZE_PARAM],))
+    elif ranks.listed and not deepspeed.is_distributed_test(item.cls):
+        item.stash[stash.PROBLEM] = (
+            f"@pytest.mark.ranks({list(ranks.sizes)}) added after collection (a conftest's "
+            "pytest_collection_modifyitems): pytest made this test's items already; one per "
+            "world size needs the marker at collection (decorator or pytestmark); a single "
+            "size works from there"
+        )
+        return
     item.stash[RANKS] = ranks
     try:
         skips = [place(ranks, size).skip for size in ranks.sizes]
