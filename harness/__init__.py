@@ -15,8 +15,8 @@ from typing import Any, Dict, List, Tuple
 
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it (tool.setuptools.dynamic)
 
-if "_pytest.assertion.rewrite" in sys.modules:  # pytest loads us as its plugin: our own
-    from harness.compat import pytest_internals  # modules need no assert rewriting (0.7 s)
+if "pytest" in sys.modules:  # pytest loads us as its plugin: our own modules need no
+    from harness.compat import pytest_internals  # assert rewriting (0.7 s a session)
 
     pytest_internals.leave_unrewritten(__name__)
 

@@ -122,18 +122,17 @@ class SupportedPytest(unittest.TestCase):
             self.assertIsNone(pytest_internals.check_supported_pytest(version), version)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class HarnessLeftUnrewritten(unittest.TestCase):
     """pytest would rewrite every module of the harness's distribution (it registers a pytest11
     plugin) anew in every session without cached bytecode; `import harness` under pytest asks
     its import hook not to (`leave_unrewritten`)."""
 
+    def setUp(self) -> None:
+        if not any(type(f).__name__ == "AssertionRewritingHook" for f in sys.meta_path):
+            self.skipTest("not run by pytest: no assertion rewriting hook to ask")
+
     def test_pytests_hook_no_longer_marks_the_harness(self) -> None:
         hooks = [f for f in sys.meta_path if type(f).__name__ == "AssertionRewritingHook"]
-        self.assertTrue(hooks, about("_pytest.assertion.rewrite.AssertionRewritingHook"))
         self.assertNotIn("harness", hooks[0]._must_rewrite, about("AssertionRewritingHook"))
 
     def test_the_harness_modules_imported_here_were_not_rewritten(self) -> None:
@@ -149,3 +148,7 @@ class HarnessLeftUnrewritten(unittest.TestCase):
 
         with mock.patch.object(sys, "meta_path", [AssertionRewritingHook()]):
             self.assertFalse(pytest_internals.leave_unrewritten("harness"))
+
+
+if __name__ == "__main__":
+    unittest.main()

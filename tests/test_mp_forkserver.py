@@ -11,13 +11,20 @@ from forking).
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Dict, List, Tuple
 
 import pytest
 
-from tests.fixtures import child_env
+from harness.process import mp_forkserver
+from tests.fixtures import child_env, procs
+
+LEFTOVER_WAIT_S = 5.0  # for what the session started to exit after it
 
 USER_POOL = '''
 import multiprocessing
@@ -89,6 +96,31 @@ threading.Thread(target=threading.Event().wait, args=(600,), daemon=True).start(
 '''
 
 
+def run_pytest(folder: Path, args: List[str], env: Dict[str, str]) -> Tuple[str, str]:
+    """pytest with the harness's plugin in `folder`, in a session of its own; its output, once
+    it ended and nothing it started (forkserver, ranks, pool workers) is alive."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
+         "-q", *args],
+        cwd=folder, env=child_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + LEFTOVER_WAIT_S
+    while True:
+        left = [p for p in procs.processes() if p.session == proc.pid and p.state != "Z"]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for leftover in left:
+        os.kill(leftover.pid, signal.SIGKILL)
+    assert left == [], f"left running: {left}"
+    return out, err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("server", ["forked", "started", "forked in an xdist worker"])
 def test_a_users_forkserver_pool_and_fresh_ranks_keep_apart(tmp_path: Path, server: str) -> None:
@@ -99,18 +131,46 @@ def test_a_users_forkserver_pool_and_fresh_ranks_keep_apart(tmp_path: Path, serv
     if server == "started":
         (tmp_path / "conftest.py").write_text(THREAD_IN_CONFTEST)
     xdist = ["-n", "1"] if "xdist" in server else []
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
-         "-q", *xdist, "test_mixed.py"],
-        cwd=tmp_path, env=child_env({"EXPECT_SERVER": server.split()[0]}),
-        capture_output=True, text=True, timeout=300,
-    )
-    assert "4 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+    expected = server.split()[0] if mp_forkserver.can_fork() else "started"  # 3.14: started
+    out, err = run_pytest(tmp_path, [*xdist, "test_mixed.py"], {"EXPECT_SERVER": expected})
+    assert "4 passed" in out, out[-3000:] + err[-2000:]
+
+
+NOISY_RANK = '''
+import logging
+import threading
+import warnings
+
+import pytest
+
+
+@pytest.mark.ranks(1)
+def test_noisy(rank):
+    warnings.warn("WARNED-IN-RANK")
+    logging.getLogger("user").warning("LOGGED-IN-RANK")
+    thread = threading.Thread(target=lambda: 1 / 0)
+    thread.start()
+    thread.join()
+    assert False, "to see the rank's output"
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("server", ["forked", "started"])
+def test_a_ranks_warnings_logs_and_thread_errors_reach_its_output(
+    tmp_path: Path, server: str
+) -> None:
+    """A rank forked from a server forked from pytest reports as one from a new interpreter:
+    none of pytest's collection-time recorders (warnings, log handlers, thread hooks)."""
+    (tmp_path / "test_noisy.py").write_text(NOISY_RANK)
+    if server == "started":
+        (tmp_path / "conftest.py").write_text(THREAD_IN_CONFTEST)
+    out, _ = run_pytest(tmp_path, ["test_noisy.py"], {})
+    for text in ("WARNED-IN-RANK", "LOGGED-IN-RANK", "ZeroDivisionError", "1 failed"):
+        assert text in out, f"{text} missing:\n{out[-3000:]}"
 
 
 def test_the_harness_server_is_not_the_process_wide_one() -> None:
-    from harness.process import mp_forkserver
-
     assert mp_forkserver.SERVER is not mp_forkserver.PROCESS_WIDE
     process = mp_forkserver.context().Process(target=print)
     assert isinstance(process, mp_forkserver.Process)

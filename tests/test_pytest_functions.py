@@ -466,3 +466,57 @@ def test_the_marker_from_pytestmark_a_class_and_a_conftest(tmp_path: Path) -> No
     assert "3 passed, 1 error" in done.stdout, done.stdout[-3000:]
     assert "ERROR test_marked_by_conftest.py::test_dist_list_from_conftest" in done.stdout
     assert "added after collection" in done.stdout
+
+
+CLASHING_CONFTEST = '''
+import pytest
+
+
+@pytest.fixture
+def device():
+    return "the user's device"
+'''
+
+CLASHING_TESTS = '''
+import pytest
+
+
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("rank", range(2))
+def test_parametrized_rank(rank):
+    pass
+
+
+@pytest.mark.ranks(2)
+def test_users_device(device):
+    pass
+
+
+@pytest.mark.ranks([1, 2])
+def test_listed_sizes(rank, world_size):
+    assert 0 <= rank < world_size
+
+
+def test_not_ranked(device):
+    assert device == "the user's device"
+'''
+
+
+@pytest.mark.slow
+def test_a_users_parameter_or_fixture_named_like_a_rank_fixture_is_an_error(
+    tmp_path: Path,
+) -> None:
+    """Never a value silently replaced by the rank's own: one line naming both."""
+    (tmp_path / "conftest.py").write_text(CLASHING_CONFTEST)
+    (tmp_path / "test_clash.py").write_text(CLASHING_TESTS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "PYTEST_"))}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
+         "-q", "-rE"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    out = done.stdout
+    assert "3 passed, 3 errors" in out, out[-3000:]
+    assert "parametrize('rank', ...) on a ranked test: 'rank' is the rank's own fixture" in out
+    assert "fixture 'device' of conftest in a ranked test" in out

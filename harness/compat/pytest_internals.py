@@ -91,6 +91,16 @@ def leave_unrewritten(package: str) -> bool:
     return False
 
 
+def fixture_home(item: Any, name: str) -> Optional[str]:
+    """The module defining the fixture `name` that the test `item` gets (pytest's closest
+    definition: a conftest's overrides a plugin's), or None when it gets none."""
+    with _private("_pytest.python.Function._fixtureinfo.name2fixturedefs"):
+        definitions = item._fixtureinfo.name2fixturedefs.get(name)
+    if not definitions:
+        return None
+    return getattr(definitions[-1].func, "__module__", None)
+
+
 def rewrite_asserts(tree: ast.Module, source: bytes, path: str) -> None:
     """Rewrite the asserts of a module's parsed `tree` in place, as pytest's import hook does."""
     with _private("_pytest.assertion.rewrite.rewrite_asserts"):

@@ -32,7 +32,6 @@ from harness.launch.in_process import SimulatedRanks
 from harness.launch.launcher import Launcher
 from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
-from harness.process.rank import destroy_default_group
 from harness.skips import TEST_SKIPS, accelerators_suffice, skip_if_lt_x_gpu
 from harness.testcase import TestCase
 from harness.threads.case import MultiThreadedTestCase
@@ -187,7 +186,7 @@ class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
             if device_id is None:
                 device_id = torch.accelerator.current_device_index()
             dist.barrier(device_ids=[device_id])
-        destroy_default_group()
+        dist.destroy_process_group()
 
 
 class DTensorContinuousTestBase(DTensorTestMixin, MultiProcContinuousTest):
@@ -223,7 +222,7 @@ def _comms_wrapper(func: TestFunc, eager_init: bool, backend: Optional[str]) -> 
             result = func(self, *args, **kwargs)
         except BaseException:
             if dist.is_initialized():
-                destroy_default_group()  # no barrier: the other ranks may never reach it
+                dist.destroy_process_group()  # no barrier: the other ranks may never reach it
             raise
         self.destroy_pg()
         return result

@@ -111,6 +111,8 @@ def preload(*modules: str) -> None:
 def context(test_module: str) -> Any:
     """The multiprocessing context ranks start from, with the forkserver running if used."""
     check_not_bootstrapping()
+    if _missing_guards:  # under pytest, caught by the module's own import-time unittest run
+        exit_for_missing_guard(test_module)  # the run ends: no server started for nothing
     if devices.start_method() != "forkserver":
         return multiprocessing.get_context("spawn")
     preload(test_module)
@@ -243,6 +245,8 @@ def _serve(listener_fd: int, alive_r: int, runner: int) -> None:
     multiprocessing's loop, then the exit a started one has (clean_up_when_orphaned)."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # what the ranks start with
+    # what the runner (pytest) may have hooked in: a rank reports as a new interpreter would
+    sys.unraisablehook, threading.excepthook = sys.__unraisablehook__, threading.__excepthook__
     for signum in GROUP_SIGNALS:
         signal.signal(signum, _outlive_group_signal)
     mp_forkserver.after_fork(_RANK_HOOK, _default_group_signals)

@@ -26,7 +26,6 @@ fixtures, registered with this plugin.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import time
@@ -106,25 +105,32 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     missing_guard = forkserver.missing_guard_seen()
     if missing_guard is not None:  # a module ran its tests when imported, starting ranks
         pytest.exit(missing_guard, returncode=forkserver.MISSING_GUARD_EXIT_CODE)
-    if not config.option.collectonly:
-        _fork_forkserver(session)
 
 
-def _fork_forkserver(session: pytest.Session) -> None:
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> Any:
     """Start the forkserver as a fork of this process, now that pytest has imported the test
     modules (their asserts rewritten) and before any test or fixture ran: the first ranks
     start at once, where a forkserver started as an interpreter would import torch and the
-    test code again first (seconds). Where forking is not safe here (another thread runs, an
-    accelerator runtime is built in), the first test that starts ranks starts one instead."""
+    test code again first (seconds). Here, outside every other plugin's wrapper, the fork
+    holds none of pytest's collection-time state (its warnings recorder, its log handlers).
+    Where forking is not safe (another thread runs, an accelerator runtime is built in) or
+    fails, the first test that starts ranks starts one instead."""
+    if not session.config.option.collectonly and not session.testsfailed:
+        _fork_forkserver(session)
+    return (yield)
+
+
+def _fork_forkserver(session: pytest.Session) -> None:
     items = [item for item in session.items if _starts_rank_processes(item)]
     try:
         if not items or devices.start_method() != "forkserver" or devices.torchrun_env():
             return
+        forkserver.start_as_fork({item.module.__name__ for item in items})  # type: ignore[attr-defined]
     except devices.HarnessConfigError:
         return  # the tests report it
-    capture = session.config.pluginmanager.getplugin("capturemanager")
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        forkserver.start_as_fork({item.module.__name__ for item in items})  # type: ignore[attr-defined]
+    except OSError:
+        return  # (no socket, no fork here): started as an interpreter when first needed
 
 
 def _truncation(config: pytest.Config) -> Tuple[int, int]:

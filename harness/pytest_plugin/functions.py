@@ -22,10 +22,12 @@ from typing import Any, Dict, Optional, Tuple
 import pytest
 
 from harness import devices
+from harness.compat import pytest_internals
 from harness.launch.case import RankedTestCase
 from harness.outcome.replay import rank_report
 from harness.process import forkserver, shared
 from harness.pytest_plugin import case, deepspeed, leases, report, stash
+from harness.pytest_plugin import fixtures as fixtures_module
 from harness.pytest_plugin.call import (
     IMPERATIVE_XFAIL,
     IN_RANK_BUILTINS,
@@ -114,6 +116,10 @@ def _classify(item: pytest.Function) -> None:
             "size works from there"
         )
         return
+    clash = _rank_fixture_clash(item, ranks)
+    if clash is not None:
+        item.stash[stash.PROBLEM] = clash
+        return
     item.stash[RANKS] = ranks
     try:
         skips = [place(ranks, size).skip for size in ranks.sizes]
@@ -123,6 +129,23 @@ def _classify(item: pytest.Function) -> None:
     reason = next((skip for skip in skips if skip), None)
     if reason is not None:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _rank_fixture_clash(item: pytest.Function, ranks: Ranks) -> Optional[str]:
+    """A name the ranks give their own value (RANK_OWN) that the user gives another in a
+    ranked test, a parameter or a fixture of theirs: said in one line, where the rank's value
+    would silently replace the user's. (A listed marker's own `world_size` is no clash.)"""
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    for name in RANK_OWN:
+        if name in params and not (name == SIZE_PARAM and ranks.listed):
+            return (f"parametrize({name!r}, ...) on a ranked test: {name!r} is the rank's own "
+                    "fixture there; rename the parameter")
+        home = pytest_internals.fixture_home(item, name) if name in item.fixturenames else None
+        if name not in params and home not in (None, fixtures_module.__name__):
+            return (f"fixture {name!r} of {home} in a ranked test: {name!r} is the rank's own "
+                    "fixture there (the harness's); rename yours")
+    return None
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)  # inside the other plugins' set-up wrappers
