@@ -409,6 +409,20 @@ def test_a_conftest_rank_fixture_under_import_mode_importlib(tmp_path: Path) -> 
     assert "2 passed" in done.stdout, done.stdout[-2000:]
 
 
+def run_files(folder: Path, files: Dict[str, str]) -> str:
+    """pytest's output (`-q -rE`) on these files, written into `folder`, as a user runs it."""
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "PYTEST_"))}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
+         "-q", "-rE"],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=300,
+    )
+    return done.stdout
+
+
 MARKING_CONFTEST = '''
 import pytest
 
@@ -453,19 +467,13 @@ def test_dist_list_from_conftest(rank):
 def test_the_marker_from_pytestmark_a_class_and_a_conftest(tmp_path: Path) -> None:
     """pytestmark (module, class) and a conftest's add_marker rank a test as the decorator
     does; a list of sizes added after collection is a one-line error saying why."""
-    (tmp_path / "conftest.py").write_text(MARKING_CONFTEST)
-    (tmp_path / "test_marked_elsewhere.py").write_text(MARKED_ELSEWHERE)
-    (tmp_path / "test_marked_by_conftest.py").write_text(MARKED_BY_CONFTEST)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "PYTEST_"))}
-    env["PYTHONPATH"] = str(REPO)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
-         "-q", "-rE"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert "3 passed, 1 error" in done.stdout, done.stdout[-3000:]
-    assert "ERROR test_marked_by_conftest.py::test_dist_list_from_conftest" in done.stdout
-    assert "added after collection" in done.stdout
+    out = run_files(tmp_path, {
+        "conftest.py": MARKING_CONFTEST, "test_marked_elsewhere.py": MARKED_ELSEWHERE,
+        "test_marked_by_conftest.py": MARKED_BY_CONFTEST,
+    })
+    assert "3 passed, 1 error" in out, out[-3000:]
+    assert "ERROR test_marked_by_conftest.py::test_dist_list_from_conftest" in out
+    assert "added after collection" in out
 
 
 CLASHING_CONFTEST = '''
@@ -507,16 +515,7 @@ def test_a_users_parameter_or_fixture_named_like_a_rank_fixture_is_an_error(
     tmp_path: Path,
 ) -> None:
     """Never a value silently replaced by the rank's own: one line naming both."""
-    (tmp_path / "conftest.py").write_text(CLASHING_CONFTEST)
-    (tmp_path / "test_clash.py").write_text(CLASHING_TESTS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "PYTEST_"))}
-    env["PYTHONPATH"] = str(REPO)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
-         "-q", "-rE"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )
-    out = done.stdout
+    out = run_files(tmp_path, {"conftest.py": CLASHING_CONFTEST, "test_clash.py": CLASHING_TESTS})
     assert "3 passed, 3 errors" in out, out[-3000:]
     assert "parametrize('rank', ...) on a ranked test: 'rank' is the rank's own fixture" in out
     assert "fixture 'device' of conftest in a ranked test" in out
