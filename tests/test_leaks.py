@@ -143,6 +143,22 @@ class SnapshotTest(unittest.TestCase):
             "1 process group not destroyed",
         )
 
+    def test_message_names_the_option_that_waives_the_leaks(self) -> None:
+        self.assertEqual(
+            leaks.leak_message("test_x", ["A in os.environ"], ["environ"]),
+            'test_x left A in os.environ (skip_leak_checks=("environ",) waives it)',
+        )
+        message = leaks.leak_message("test_x", ["A in os.environ", "1 thread"],
+                                     ["environ", "threads"])
+        self.assertTrue(message.endswith('(skip_leak_checks=("environ", "threads") waives them)'))
+
+    def test_leaked_checks_names_the_checks_that_found_something(self) -> None:
+        before = leaks.snapshot(["grad_mode", "environ"])
+        with mock.patch.dict(os.environ, {"ADDED": "1"}):
+            self.assertEqual(
+                leaks.leaked_checks(before, leaks.snapshot(["grad_mode", "environ"])), ["environ"]
+            )
+
     def test_snapshot_is_cheap(self) -> None:
         checks = sorted(leaks.CHECKS)
         began = time.perf_counter()

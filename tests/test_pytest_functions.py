@@ -519,3 +519,30 @@ def test_a_users_parameter_or_fixture_named_like_a_rank_fixture_is_an_error(
     assert "3 passed, 3 errors" in out, out[-3000:]
     assert "parametrize('rank', ...) on a ranked test: 'rank' is the rank's own fixture" in out
     assert "fixture 'device' of conftest in a ranked test" in out
+
+
+LEAKING_TESTS = '''
+import os
+
+import pytest
+
+
+@pytest.mark.ranks(2, mode="shared", skip_leak_checks=("environ",))
+def test_sets_a_variable_on_purpose(rank):
+    os.environ["SET_ON_PURPOSE"] = "1"
+
+
+@pytest.mark.ranks(2, mode="shared")
+def test_leaks_a_variable(rank):
+    os.environ["LEAKED_BY_MISTAKE"] = "1"
+'''
+
+
+@pytest.mark.slow
+def test_a_leak_check_is_waived_per_test_and_the_message_names_the_option(
+    tmp_path: Path,
+) -> None:
+    out = run_files(tmp_path, {"test_leaking.py": LEAKING_TESTS})
+    assert "1 failed, 1 passed" in out, out[-3000:]
+    assert ('test_leaks_a_variable left LEAKED_BY_MISTAKE in os.environ '
+            '(skip_leak_checks=("environ",) waives it)') in out, out[-3000:]

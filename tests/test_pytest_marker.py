@@ -20,6 +20,11 @@ class TestReadRanks:
         assert read_ranks(([2, 4],), {"mode": "shared"}) == Ranks((2, 4), True, "shared")
         assert size_id(4) == "ranks4"
 
+    def test_leak_checks_to_skip_take_a_name_or_several(self) -> None:
+        assert read_ranks((2,), {"skip_leak_checks": "environ"}).skip_leak_checks == ("environ",)
+        waived = read_ranks((2,), {"skip_leak_checks": ("environ", "threads")})
+        assert waived.skip_leak_checks == ("environ", "threads")
+
     @pytest.mark.parametrize("args,kwargs,error", [
         ((0,), {}, "world size 0 is below 1"),
         (([2, -1],), {}, "world size -1 is below 1"),
@@ -35,6 +40,8 @@ class TestReadRanks:
         ((2,), {"timeout": 0}, "timeout must be a positive number"),
         ((2,), {"init": "yes"}, "init must be True or False"),
         ((2,), {"backend": 3}, "backend must be a name"),
+        ((2,), {"skip_leak_checks": ("environment",)},
+         "skip_leak_checks: unknown check 'environment'"),
     ])
     def test_bad_input_is_one_line_naming_it(self, args: tuple, kwargs: dict, error: str) -> None:
         with pytest.raises(MarkerError, match=error) as raised:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, FrozenSet, List, Optional, Tuple
 
 from harness import devices
 from harness.launch.context import RankContext
@@ -151,6 +151,11 @@ class RankedTestCase(TestCase):
         """What every rank gets with the test (`RankContext.inputs`), picklable; None for a
         test class, whose ranks re-create everything from the class and method name."""
         return None
+
+    def waived_leak_checks(self) -> FrozenSet[str]:
+        """In a shared rank, after the test: the leak checks this one test waives (a class
+        waives its own for every test: `skip_leak_checks`, harness/process/leaks.py)."""
+        return frozenset()
 
     def describe_run(self, setup: RankSetup) -> None:
         """In the supervisor, once the ranks started: show what the launcher set up as the

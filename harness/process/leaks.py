@@ -210,30 +210,45 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def leaks(before: Snapshot, after: Snapshot) -> List[str]:
-    """Each difference between two snapshots, as a phrase (`default dtype float64 (was
-    float32)`), in the order of CHECKS; only checks taken in both are compared."""
-    found: List[str] = []
+def _differences(before: Snapshot, after: Snapshot) -> List[Tuple[str, List[str]]]:
+    """(check, its phrases) for each check taken in both snapshots, in the order of CHECKS."""
+    found = []
     for name in (*CHECKS, *OPT_IN_CHECKS):
         old, new = getattr(before, name), getattr(after, name)
         if old is not None and new is not None:
-            found += _COMPARERS[name](old, new)
+            found.append((name, _COMPARERS[name](old, new)))
     return found
 
 
-def leak_message(test: str, found: List[str]) -> str:
-    """One line naming each leak: `test_x left LEAKED_VAR in os.environ; default dtype
-    float64 (was float32); 1 process group not destroyed`."""
-    return f"{test} left {'; '.join(found)}"
+def leaks(before: Snapshot, after: Snapshot) -> List[str]:
+    """Each difference between two snapshots, as a phrase (`default dtype float64 (was
+    float32)`), in the order of CHECKS; only checks taken in both are compared."""
+    return [phrase for _, phrases in _differences(before, after) for phrase in phrases]
+
+
+def leaked_checks(before: Snapshot, after: Snapshot) -> List[str]:
+    """The names of the checks that found a difference (what `skip_leak_checks` waives)."""
+    return [name for name, phrases in _differences(before, after) if phrases]
+
+
+def leak_message(test: str, found: List[str], checks: Collection[str] = ()) -> str:
+    """One line naming each leak and the option that waives it: `test_x left LEAKED_VAR in
+    os.environ; 1 process group not destroyed (skip_leak_checks=("environ",
+    "process_groups") waives these checks)`."""
+    waiver = ""
+    if checks:
+        names = ", ".join(f'"{name}"' for name in checks) + ("," if len(checks) == 1 else "")
+        waiver = f" (skip_leak_checks=({names}) waives {'it' if len(checks) == 1 else 'them'})"
+    return f"{test} left {'; '.join(found)}{waiver}"
 
 
 LEAK_STATUS = "leak"  # the status of the failure event that reports leaks
 
 
-def leak_event(test: str, found: List[str]) -> Event:
+def leak_event(test: str, found: List[str], checks: Collection[str] = ()) -> Event:
     """The failure a rank reports for a test that leaked (marked, so the parent retires the
     ranks)."""
-    return Event("failure", f"{leak_message(test, found)}\n", status=LEAK_STATUS)
+    return Event("failure", f"{leak_message(test, found, checks)}\n", status=LEAK_STATUS)
 
 
 def leaked(records: List[RankRecord]) -> bool:

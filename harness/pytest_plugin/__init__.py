@@ -44,8 +44,8 @@ from harness.pytest_plugin import report as report_layout
 
 MARKERS = (
     "ranks(N | [N, ...], *, mode='fresh'|'shared'|'threads', device='auto'|'cpu'|'cuda', "
-    "backend=None, allow_cpu=False, init=True, timeout=None): run the test once in each of N "
-    "ranks (torch-dist-harness)",
+    "backend=None, allow_cpu=False, init=True, timeout=None, skip_leak_checks=()): run the "
+    "test once in each of N ranks (torch-dist-harness)",
     "world_size(N | [N, ...]): a harness.DistributedTest method's world size",
 )
 

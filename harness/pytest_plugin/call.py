@@ -71,6 +71,7 @@ class FunctionCall:
     group_timeout: float = 1800.0  # the default group's timeout, beyond the test's own
     rank_tmp_base: Optional[str] = None  # `rank_tmp_path` is <base>/rank<N>
     sizes: Tuple[int, ...] = ()  # DistributedTest: the world sizes run in turn in one test
+    skip_leak_checks: Tuple[str, ...] = ()  # shared ranks: the leak checks the test waives
     # rank_pool.run: `fn(rank, world_size, *pool_args, **values)`, each rank's return value
     # pickled into <result_dir>/rank<N>.pkl for the parent
     pool_args: Optional[Tuple[Any, ...]] = None

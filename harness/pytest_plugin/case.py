@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime
 import unittest
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, FrozenSet, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -98,6 +98,9 @@ class FunctionCase(RankedTestCase):
         """In a rank: the call its supervisor sent."""
         assert self.rank_context is not None, "not in a rank"
         return self.rank_context.inputs
+
+    def waived_leak_checks(self) -> FrozenSet[str]:
+        return frozenset(self.rank_call().skip_leak_checks)
 
     def run_function(self) -> None:
         """The one test method: the call, in every rank (the supervisor joins them)."""

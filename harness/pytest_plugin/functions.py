@@ -224,7 +224,7 @@ def build_call(item: pytest.Function, ranks: Ranks) -> FunctionCall:
         argnames=argnames, used_fixtures=used,
         values=values, marked=marked, rank_fixtures=refs, init=ranks.init,
         group_timeout=timeout + GROUP_TIMEOUT_MARGIN_S, rank_tmp_base=base,
-        sizes=ranks.sizes,
+        sizes=ranks.sizes, skip_leak_checks=tuple(ranks.skip_leak_checks),
     )
 
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
+from harness.process.leaks import CHECKS as LEAK_CHECKS
+from harness.process.leaks import OPT_IN_CHECKS as OPT_IN_LEAK_CHECKS
+
 MODES = ("fresh", "shared", "threads")
 DEVICES = ("auto", "cpu", "cuda")
-OPTIONS = ("mode", "device", "backend", "allow_cpu", "init", "timeout")
+OPTIONS = ("mode", "device", "backend", "allow_cpu", "init", "timeout", "skip_leak_checks")
 USAGE = "@pytest.mark.ranks(N) or @pytest.mark.ranks([N, ...])"
 
 
@@ -34,6 +37,7 @@ class Ranks:
     allow_cpu: bool = False
     init: bool = True
     timeout: Optional[float] = None
+    skip_leak_checks: Tuple[str, ...] = ()  # mode="shared": the leak checks this test waives
 
 
 def world_sizes(value: Any, what: str = "@pytest.mark.ranks") -> Tuple[Tuple[int, ...], bool]:
@@ -62,6 +66,8 @@ def read_ranks(args: Tuple[Any, ...], kwargs: dict) -> Ranks:
             f"@pytest.mark.ranks: unknown option {unknown[0]!r} (known: {', '.join(OPTIONS)})"
         )
     sizes, listed = world_sizes(args[0])
+    if isinstance(kwargs.get("skip_leak_checks"), str):
+        kwargs = {**kwargs, "skip_leak_checks": (kwargs["skip_leak_checks"],)}
     ranks = Ranks(sizes, listed, **kwargs)
     check(ranks)
     return ranks
@@ -85,6 +91,13 @@ def check(ranks: Ranks, what: str = "@pytest.mark.ranks") -> None:
     for name in ("allow_cpu", "init"):
         if not isinstance(getattr(ranks, name), bool):
             raise MarkerError(f"{what}: {name} must be True or False")
+    known = LEAK_CHECKS + OPT_IN_LEAK_CHECKS
+    unknown = [n for n in tuple(ranks.skip_leak_checks) if n not in known]
+    if unknown or not isinstance(ranks.skip_leak_checks, (tuple, list)):
+        raise MarkerError(
+            f"{what}: skip_leak_checks: unknown check {(unknown or [ranks.skip_leak_checks])[0]!r} "
+            f"(known: {', '.join(known)})"
+        )
 
 
 @dataclass(frozen=True)
