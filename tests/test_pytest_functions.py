@@ -546,3 +546,59 @@ def test_a_leak_check_is_waived_per_test_and_the_message_names_the_option(
     assert "1 failed, 1 passed" in out, out[-3000:]
     assert ('test_leaks_a_variable left LEAKED_BY_MISTAKE in os.environ '
             '(skip_leak_checks=("environ",) waives it)') in out, out[-3000:]
+
+
+AUTOUSE_CONFTEST = '''
+import os
+
+from harness import rank_fixture
+
+
+@rank_fixture(autouse=True)
+def per_rank_setup(rank, world_size, tmp_path):
+    os.environ["SET_UP_IN_RANK"] = f"{rank}/{world_size}"
+    yield
+    del os.environ["SET_UP_IN_RANK"]
+'''
+
+AUTOUSE_TESTS = '''
+import os
+
+import pytest
+
+
+@pytest.fixture
+def seen_at_setup():
+    return os.environ.get("SET_UP_IN_RANK")
+
+
+@pytest.mark.ranks(2)
+def test_fresh(rank, world_size):
+    assert os.environ["SET_UP_IN_RANK"] == f"{rank}/{world_size}"
+
+
+@pytest.mark.ranks(2, mode="shared")
+def test_shared(rank):
+    assert os.environ["SET_UP_IN_RANK"] == f"{rank}/2"
+
+
+def test_without_ranks(seen_at_setup):
+    assert seen_at_setup is None and "SET_UP_IN_RANK" not in os.environ
+
+
+def env_of(rank, world_size):
+    return os.environ.get("SET_UP_IN_RANK")
+
+
+def test_a_pool_call_is_no_test(rank_pool):
+    assert rank_pool.run(env_of) == [None, None]
+'''
+
+
+@pytest.mark.slow
+def test_an_autouse_rank_fixture_reaches_every_ranked_test_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    out = run_files(tmp_path, {"conftest.py": AUTOUSE_CONFTEST, "test_autouse.py": AUTOUSE_TESTS})
+    assert "4 passed" in out, out[-3000:]
+

@@ -48,6 +48,9 @@ class FixtureRef:
     scope: str
     argnames: Tuple[str, ...]
     path: Optional[str] = None  # the module's file, where its name cannot be imported
+    # an autouse one: its arguments as the pytest process resolved them (name, value); pytest
+    # did not, as it asks for none, so that it never resolves `rank` for a test without ranks
+    resolved: Tuple[Tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

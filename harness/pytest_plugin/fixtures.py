@@ -11,13 +11,14 @@ not ranked, these fixtures are an error naming the marker.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union, overload
 
 import pytest
 
-from harness.pytest_plugin.call import RANK_SCOPES, FixtureRef, import_module
+from harness.pytest_plugin.call import IN_RANK_BUILTINS, RANK_SCOPES, FixtureRef, import_module
 from harness.pytest_plugin.marker import Ranks
 
 RANKS = pytest.StashKey[Ranks]()  # a ranked test item's request (set at collection)
@@ -104,11 +105,14 @@ def rank_fixture(function: F) -> F: ...
 
 
 @overload
-def rank_fixture(*, scope: str = "function", name: Optional[str] = None) -> Callable[[F], F]: ...
+def rank_fixture(
+    *, scope: str = "function", name: Optional[str] = None, autouse: bool = False
+) -> Callable[[F], F]: ...
 
 
 def rank_fixture(
-    function: Optional[F] = None, *, scope: str = "function", name: Optional[str] = None
+    function: Optional[F] = None, *, scope: str = "function", name: Optional[str] = None,
+    autouse: bool = False,
 ) -> Union[F, Callable[[F], F]]:
     """A fixture built in every rank of a ranked test, torn down there.
 
@@ -116,6 +120,9 @@ def rank_fixture(
     fixture of the pytest process (sent by value). `scope="ranks"` keeps it as long as a
     shared set of ranks lives (`mode="shared"`); elsewhere it is built for each test. A
     generator's code after `yield` runs in the rank when the test (or the set) ends.
+    `autouse=True`: built in the ranks of every ranked test it is visible to (pytest's rule:
+    its conftest, module or class), before the test's own fixtures; a test without ranks
+    never gets it (where a framework's per-rank set-up goes: DeepSpeed's init_distributed).
     """
     if scope not in RANK_SCOPES:
         raise ValueError(
@@ -133,6 +140,14 @@ def rank_fixture(
         _FUNCTIONS[(fn.__module__, fixture_name)] = fn
         ref = FixtureRef(fn.__module__, fixture_name, scope, argnames, fn.__code__.co_filename)
 
+        if autouse:
+            def autouse_in_pytest_process(request: pytest.FixtureRequest) -> Any:
+                return _autouse_in_pytest_process(ref, request)
+
+            return pytest.fixture(name=fixture_name, autouse=True)(  # type: ignore[return-value]
+                autouse_in_pytest_process
+            )
+
         @functools.wraps(fn)
         def in_pytest_process(*args: Any, **kwargs: Any) -> FixtureRef:
             return ref
@@ -140,6 +155,20 @@ def rank_fixture(
         return pytest.fixture(name=fixture_name)(in_pytest_process)  # type: ignore[return-value]
 
     return decorate if function is None else decorate(function)
+
+
+def _autouse_in_pytest_process(ref: FixtureRef, request: pytest.FixtureRequest) -> Any:
+    """An autouse rank fixture in the pytest process: nothing for a test without ranks (whose
+    `rank` would be an error); for a ranked one, its stand-in with the fixtures it asks for
+    resolved here, as pytest resolves a plain rank fixture's (the builtins made in the rank
+    aside)."""
+    if request.node.stash.get(RANKS, None) is None:
+        return None
+    resolved = tuple(
+        (name, request.getfixturevalue(name)) for name in ref.argnames
+        if name not in IN_RANK_BUILTINS and name != "request"
+    )
+    return dataclasses.replace(ref, resolved=resolved)
 
 
 def rank_fixture_function(module: str, name: str, path: Optional[str] = None) -> Callable[..., Any]:

@@ -177,7 +177,7 @@ def _argnames(function: Any) -> Tuple[str, ...]:
 
 def build_call(item: pytest.Function, ranks: Ranks) -> FunctionCall:
     """The FunctionCall every rank of `item` gets, from the fixtures pytest resolved here."""
-    funcargs: Dict[str, Any] = item.funcargs
+    funcargs: Dict[str, Any] = dict(item.funcargs)
     callspec = getattr(item, "callspec", None)
     params = callspec.params if callspec is not None else {}
     indices = callspec.indices if callspec is not None else {}
@@ -205,7 +205,9 @@ def build_call(item: pytest.Function, ranks: Ranks) -> FunctionCall:
             base = value.base if isinstance(value, InRank) and value.base else base
             continue
         if isinstance(value, FixtureRef):
-            refs[name] = value
+            for resolved_name, resolved in value.resolved:  # an autouse one's arguments
+                funcargs.setdefault(resolved_name, resolved)
+            refs[name] = dataclasses.replace(value, resolved=())
             todo.extend(value.argnames)
             continue
         if name in params and params[name] is value and name in indices:
