@@ -41,23 +41,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
-import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from tests.fixtures import procs  # noqa: E402 - the one /proc reader of tests and benchmarks
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import runs  # noqa: E402 - what the pytest-session benchmarks share
 
-TAIL_CHARS = 4000
-GROUP_EXIT_WAIT_S = 10.0  # how long a run's helpers (the forkserver) may take to exit
 TARGET_RATIO = 1.2  # fresh at most this times the floor
 PROBE_LOG_ENV = "BENCH_PHASE_LOG"
 AROUND = "pytest around the call (hooks, fixtures)"  # pytest's time outside run_in_ranks
@@ -324,10 +315,6 @@ FORK_DETAIL: List[Tuple[str, str, str]] = [
 FLOOR_PHASES = ("fork", "init", "body", "destroy", "exit")
 
 
-class RunFailed(Exception):
-    """A variant's run did not pass all its tests."""
-
-
 @dataclass
 class Run:
     """One run of a variant: each test's seconds (in run order), its phases, what it left."""
@@ -339,66 +326,7 @@ class Run:
 
     @property
     def per_test(self) -> float:
-        return statistics.median(self.tests[1:] or self.tests)
-
-
-def group_members(pgid: int) -> List[int]:
-    """The processes in process group `pgid`, from /proc."""
-    return [p.pid for p in procs.processes() if p.pgrp == pgid]
-
-
-def stop_group(pgid: int, wait_s: float) -> List[int]:
-    """Wait up to `wait_s` for group `pgid` to empty; kill what is left; return its pids."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        left = group_members(pgid)
-        if not left or time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
-    if left:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            time.sleep(1.0)
-    return left
-
-
-def run_command(
-    command: Sequence[str], workdir: str, run_id: str, timeout: float, env: Dict[str, str]
-) -> Tuple[str, List[str]]:
-    """Run `command` in `workdir`, in its own process group and TMPDIR; its output and what it
-    left behind. RunFailed if it fails or times out."""
-    tmp = os.path.join(workdir, f"tmp-{run_id}")
-    os.mkdir(tmp)
-    env = dict(os.environ, **env, TMPDIR=tmp, GLOO_SOCKET_IFNAME="lo")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
-    child = subprocess.Popen(
-        list(command), cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        output, _ = child.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stop_group(child.pid, 0)
-        output, _ = child.communicate()
-        tail = output.decode(errors="replace")[-TAIL_CHARS:]
-        raise RunFailed(f"timed out after {timeout:.0f} s\n$ {' '.join(command)}\n{tail}") from None
-    except BaseException:  # interrupted: the run and all it started go
-        stop_group(child.pid, 0)
-        child.wait()
-        raise
-    left = stop_group(child.pid, GROUP_EXIT_WAIT_S)
-    text = output.decode(errors="replace")
-    if child.returncode != 0:
-        raise RunFailed(f"exit code {child.returncode}; cwd {workdir}\n$ {' '.join(command)}\n"
-                        f"{text[-TAIL_CHARS:]}")
-    leftovers = [f"{len(left)} process(es) still running after it ({left})"] if left else []
-    stray = sorted(os.listdir(tmp))
-    if stray:
-        leftovers.append(f"left in its TMPDIR: {', '.join(stray[:5])}")
-    return text, leftovers
+        return runs.median_without_first(self.tests)
 
 
 def run_floor(workdir: str, tests: int, run_id: str, timeout: float) -> Run:
@@ -406,11 +334,11 @@ def run_floor(workdir: str, tests: int, run_id: str, timeout: float) -> Run:
     stores = os.path.join(workdir, f"stores-{run_id}")
     os.mkdir(stores)
     command = [sys.executable, "floor.py", str(tests), out, stores]
-    _, leftovers = run_command(command, workdir, run_id, timeout, {})
+    leftovers = runs.run_command(command, workdir, run_id, timeout).leftovers
     with open(out) as f:
         results = json.load(f)
     if len(results) != tests:
-        raise RunFailed(f"floor: {len(results)} tests reported, {tests} expected")
+        raise runs.RunFailed(f"floor: {len(results)} tests reported, {tests} expected")
     if os.listdir(stores):
         leftovers.append(f"store files left: {', '.join(sorted(os.listdir(stores))[:5])}")
     phases: Dict[str, List[float]] = {name: [] for name in FLOOR_PHASES}
@@ -422,40 +350,15 @@ def run_floor(workdir: str, tests: int, run_id: str, timeout: float) -> Run:
     return Run([t["ended"] - t["began"] for t in results], phases, leftovers)
 
 
-def read_junit(path: str, expected: int) -> List[float]:
-    """Each test's seconds (setup + call + teardown) from pytest's junit report, in run order."""
-    suite = ElementTree.parse(path).getroot().find("testsuite")
-    if suite is None:
-        raise RunFailed(f"{path}: no testsuite")
-    times, names = [], []
-    for case in suite.iter("testcase"):
-        names.append(f"{case.get('classname')}::{case.get('name')}")
-        if any(child.tag in ("failure", "error", "skipped") for child in case):
-            raise RunFailed(f"{names[-1]} did not pass")
-        times.append(float(case.get("time", "nan")))
-    if len(times) != expected:
-        raise RunFailed(f"{len(times)} tests reported, {expected} expected: {', '.join(names)}")
-    return times
-
-
 def run_pytest(workdir: str, tests: int, run_id: str, timeout: float, probed: bool) -> Run:
-    junit = os.path.join(workdir, f"junit-{run_id}.xml")
     log = os.path.join(workdir, f"phases-{run_id}.log")
-    command = [
-        sys.executable, "-m", "pytest", "test_probed.py" if probed else "test_fresh.py", "-q",
-        "-p", "no:cacheprovider", "-p", "harness.pytest_plugin",
-        f"--basetemp={os.path.join(workdir, f'basetemp-{run_id}')}", f"--junitxml={junit}",
-    ]
-    text, leftovers = run_command(
-        command, workdir, run_id, timeout, {PROBE_LOG_ENV: log} if probed else {}
+    done = runs.run_pytest(
+        workdir, "test_probed.py" if probed else "test_fresh.py", run_id, timeout,
+        junit_tests=tests, env={PROBE_LOG_ENV: log} if probed else None,
     )
-    try:
-        times = read_junit(junit, tests)
-    except (RunFailed, OSError, ElementTree.ParseError) as error:
-        raise RunFailed(f"{error}\n$ {' '.join(command)}\n{text[-TAIL_CHARS:]}") from None
-    run = Run(times, leftovers=leftovers)
+    run = Run(done.times, leftovers=done.leftovers)
     if probed:
-        run.phases, run.notes = read_phases(log, times)
+        run.phases, run.notes = read_phases(log, done.times)
     return run
 
 
@@ -504,39 +407,30 @@ def _stamp_at(by: Dict[str, Dict[str, float]], point: str) -> Optional[float]:
 def run_class(workdir: str, tests: int, run_id: str, timeout: float) -> Run:
     log = os.path.join(workdir, f"class-{run_id}.log")
     command = [sys.executable, "-m", "unittest", "-q", "test_class"]
-    text, leftovers = run_command(command, workdir, run_id, timeout, {CLASS_LOG_ENV: log})
+    done = runs.run_command(command, workdir, run_id, timeout, {CLASS_LOG_ENV: log})
     begins, ends = [], []
     with open(log) as f:
         for line in f:
             what, at = line.split()
             (begins if what == "begin" else ends).append(float(at))
-    if len(begins) != tests or len(ends) != tests or f"Ran {tests} tests" not in text:
-        raise RunFailed(f"class: {len(begins)} tests began, {len(ends)} ended, {tests} "
-                        f"expected\n{text[-TAIL_CHARS:]}")
-    return Run([end - begin for begin, end in zip(begins, ends)], leftovers=leftovers)
+    if len(begins) != tests or len(ends) != tests or f"Ran {tests} tests" not in done.output:
+        raise runs.RunFailed(f"class: {len(begins)} tests began, {len(ends)} ended, {tests} "
+                             f"expected\n{runs.tail(done.output)}")
+    return Run([end - begin for begin, end in zip(begins, ends)], leftovers=done.leftovers)
 
 
-def _median_without_first(values: List[float]) -> Optional[float]:
-    values = values[1:] or values
-    return statistics.median(values) if values else None
-
-
-def summarize(runs: List[Run]) -> Dict[str, Any]:
+def summarize(rounds: List[Run]) -> Dict[str, Any]:
     """Medians over the rounds of each round's median (without the first test), in ms."""
     phases: Dict[str, Optional[float]] = {}
-    for name in runs[0].phases:
-        per_round = [m for m in (_median_without_first(r.phases.get(name, [])) for r in runs)
-                     if m is not None]
+    for name in rounds[0].phases:
+        per_round = [runs.median_without_first(values) for values in
+                     (r.phases.get(name, []) for r in rounds) if values]
         phases[name] = statistics.median(per_round) * 1e3 if per_round else None
     return {
-        "per_test_ms": statistics.median(r.per_test for r in runs) * 1e3,
-        "rounds_ms": [r.per_test * 1e3 for r in runs],
+        "per_test_ms": statistics.median(r.per_test for r in rounds) * 1e3,
+        "rounds_ms": [r.per_test * 1e3 for r in rounds],
         "phases_ms": phases,
     }
-
-
-def _raise_exit(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
 
 
 def _ms(value: Optional[float]) -> str:
@@ -576,13 +470,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", type=int, default=20, help="tests per variant (>= 2)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of all variants (>= 1)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
-    parser.add_argument("--json", metavar="PATH", help="also write the numbers here")
-    args = parser.parse_args()
-    if args.tests < 2 or args.rounds < 1:
-        parser.error("--tests must be at least 2 and --rounds at least 1")
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # so that the clean-up below runs
-        signal.signal(sig, _raise_exit)
+    args = runs.parse_args(parser, "seconds per run", min_tests=2)
+    runs.exit_on_signals()
 
     variants = {
         "floor": lambda run_id: run_floor(workdir, args.tests, run_id, args.timeout),
@@ -590,40 +479,26 @@ def main() -> int:
         "class": lambda run_id: run_class(workdir, args.tests, run_id, args.timeout),
         "probed": lambda run_id: run_pytest(workdir, args.tests, run_id, args.timeout, True),
     }
-    workdir = tempfile.mkdtemp(prefix="bench-fresh-floor-")
-    runs: Dict[str, List[Run]] = {name: [] for name in variants}
     n = str(args.tests)
-    try:
-        files = {
-            "pytest.ini": "[pytest]\n",  # this folder is the rootdir: no settings from above it
-            "floor.py": _FLOOR,
-            "test_fresh.py": _MARKED.replace("__PROBE__", "").replace("__N__", n),
-            "test_probed.py": _MARKED.replace("__PROBE__", "\nimport phase_probe  # noqa: F401\n")
-                                .replace("__N__", n),
-            "phase_probe.py": _PROBE.replace("__LOG_ENV__", PROBE_LOG_ENV),
-            "test_class.py": _CLASS.replace("__LOG_ENV__", CLASS_LOG_ENV).replace("__N__", n),
-        }
-        for name, text in files.items():
-            with open(os.path.join(workdir, name), "w") as f:
-                f.write(text)
-        names = list(variants)
-        for round_ in range(args.rounds):
-            shift = round_ % len(names)
-            for name in names[shift:] + names[:shift]:
-                try:
-                    runs[name].append(variants[name](f"{name}-{round_}"))
-                except RunFailed as error:
-                    print(f"variant {name} failed (round {round_ + 1}): {error}", file=sys.stderr)
-                    return 1
-                print(f"  round {round_ + 1}: {name} {runs[name][-1].per_test * 1e3:.1f} ms "
-                      "a test", file=sys.stderr, flush=True)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    files = {
+        "floor.py": _FLOOR,
+        "test_fresh.py": _MARKED.replace("__PROBE__", "").replace("__N__", n),
+        "test_probed.py": _MARKED.replace("__PROBE__", "\nimport phase_probe  # noqa: F401\n")
+                            .replace("__N__", n),
+        "phase_probe.py": _PROBE.replace("__LOG_ENV__", PROBE_LOG_ENV),
+        "test_class.py": _CLASS.replace("__LOG_ENV__", CLASS_LOG_ENV).replace("__N__", n),
+    }
+    with runs.work_folder("bench-fresh-floor-", files) as workdir:
+        results = runs.run_rounds(
+            lambda name, run_id: variants[name](run_id), list(variants), args.rounds,
+            lambda run: f"{run.per_test * 1e3:.1f} ms a test",
+        )
+    if results is None:
+        return 1
 
-    medians = {name: summarize(variant_runs) for name, variant_runs in runs.items()}
+    medians = {name: summarize(variant_runs) for name, variant_runs in results.items()}
     floor_ms = medians["floor"]["per_test_ms"]
-    print(f"{args.tests} trivial 2-rank gloo tests per variant, {args.rounds} round(s), "
-          f"{os.cpu_count()} cores, torch {_torch_version()}; medians over the rounds")
+    print(runs.header(f"{args.tests} trivial 2-rank gloo tests per variant", args.rounds))
     print(f"{'variant':<8}{'per test ms':>12}{'vs floor':>10}   rounds ms")
     for name, m in medians.items():
         rounds = ", ".join(f"{v:.1f}" for v in m["rounds_ms"])
@@ -631,30 +506,13 @@ def main() -> int:
     print_breakdown(medians["probed"], medians["floor"])
     ratio = medians["fresh"]["per_test_ms"] / floor_ms
     passed = ratio <= TARGET_RATIO
-    print(f"\nfresh <= {TARGET_RATIO}x floor: {'PASS' if passed else 'FAIL'} ({ratio:.2f}x: "
+    print(f"\nfresh <= {TARGET_RATIO}x floor: {runs.verdict(passed)} ({ratio:.2f}x: "
           f"{medians['fresh']['per_test_ms']:.1f} ms against {floor_ms:.1f} ms)")
-    problems = [f"{name}: {note}" for name, rs in runs.items() for r in rs
-                for note in [*r.leftovers, *r.notes]]
-    for problem in dict.fromkeys(problems):
-        print(f"  problem: {problem}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({
-                "tests": args.tests, "rounds": args.rounds, "cpu_count": os.cpu_count(),
-                "variants": medians, "problems": problems,
-                "target": {"target": "fresh / floor", "value": ratio,
-                           "limit": f"<= {TARGET_RATIO}x", "passed": passed},
-            }, f, indent=2)
+    problems = runs.problems(results, lambda run: [*run.leftovers, *run.notes])
+    runs.print_problems(dict.fromkeys(problems))
+    runs.write_json(args.json, args.tests, args.rounds, medians, problems,
+                    target=runs.target("fresh / floor", ratio, f"<= {TARGET_RATIO}x", passed))
     return 0
-
-
-def _torch_version() -> Optional[str]:
-    try:
-        from importlib.metadata import version
-
-        return version("torch")
-    except Exception:
-        return None
 
 
 if __name__ == "__main__":

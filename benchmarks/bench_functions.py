@@ -32,25 +32,14 @@ temporary folders and any process a run left behind (reported as a problem).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
-import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from tests.fixtures import procs  # noqa: E402 - the one /proc reader of tests and benchmarks
-
-TAIL_CHARS = 4000
-GROUP_EXIT_WAIT_S = 10.0  # how long a run's helpers (forkserver, pool workers) may take to exit
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import runs  # noqa: E402 - what the pytest-session benchmarks share
 
 _MARKED = '''
 import pytest
@@ -183,10 +172,6 @@ VARIANTS: Dict[str, str] = {
 }
 
 
-class RunFailed(Exception):
-    """A variant's pytest run did not pass all its tests."""
-
-
 @dataclass
 class Run:
     """One pytest run of a variant: each test's seconds (in run order) and the run's wall time."""
@@ -197,110 +182,31 @@ class Run:
 
     @property
     def per_test(self) -> float:
-        return statistics.median(self.tests[1:])
+        return runs.median_without_first(self.tests)
 
     @property
     def outside(self) -> float:
         return self.wall - sum(self.tests)
 
 
-def group_members(pgid: int) -> List[int]:
-    """The processes in process group `pgid`, from /proc."""
-    return [p.pid for p in procs.processes() if p.pgrp == pgid]
-
-
-def stop_group(pgid: int, wait_s: float) -> List[int]:
-    """Wait up to `wait_s` for group `pgid` to empty; kill what is left; return its pids."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        left = group_members(pgid)
-        if not left or time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
-    if left:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            time.sleep(1.0)
-    return left
-
-
-def read_junit(path: str, expected: int) -> List[float]:
-    """Each test's seconds (setup + call + teardown) from pytest's junit report, in run order."""
-    suite = ElementTree.parse(path).getroot().find("testsuite")
-    if suite is None:
-        raise RunFailed(f"{path}: no testsuite")
-    times, names = [], []
-    for case in suite.iter("testcase"):
-        names.append(f"{case.get('classname')}::{case.get('name')}")
-        if any(child.tag in ("failure", "error", "skipped") for child in case):
-            raise RunFailed(f"{names[-1]} did not pass")
-        times.append(float(case.get("time", "nan")))
-    if len(times) != expected:
-        raise RunFailed(f"{len(times)} tests reported, {expected} expected: {', '.join(names)}")
-    return times
-
-
 def run_variant(name: str, workdir: str, tests: int, run_id: str, timeout: float) -> Run:
     """Run the variant's generated file (already in `workdir`) once, in its own process group."""
-    basetemp = os.path.join(workdir, f"basetemp-{run_id}")
-    tmp = os.path.join(workdir, f"tmp-{run_id}")
-    os.mkdir(tmp)
-    junit = os.path.join(workdir, f"junit-{run_id}.xml")
-    command = [
-        sys.executable, "-m", "pytest", "-q", "-p", "harness.pytest_plugin",
-        "-p", "no:cacheprovider", f"--basetemp={basetemp}", f"--junitxml={junit}",
-        f"test_{name}.py",
-    ]
-    env = dict(os.environ, TMPDIR=tmp, GLOO_SOCKET_IFNAME="lo")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
-    started = time.perf_counter()
-    child = subprocess.Popen(
-        command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        output, _ = child.communicate(timeout=timeout)
-        wall = time.perf_counter() - started
-    except subprocess.TimeoutExpired:
-        stop_group(child.pid, 0)
-        output, _ = child.communicate()
-        tail = output.decode(errors="replace")[-TAIL_CHARS:]
-        raise RunFailed(f"timed out after {timeout:.0f} s\n$ {' '.join(command)}\n{tail}") from None
-    except BaseException:  # interrupted: the run and all it started go
-        stop_group(child.pid, 0)
-        child.wait()
-        raise
-    left = stop_group(child.pid, GROUP_EXIT_WAIT_S)
-    tail = output.decode(errors="replace")[-TAIL_CHARS:]
-    if child.returncode != 0:
-        raise RunFailed(f"exit code {child.returncode}; cwd {workdir}\n$ {' '.join(command)}\n"
-                        f"{tail}")
-    try:
-        times = read_junit(junit, tests)
-    except (RunFailed, OSError, ElementTree.ParseError) as error:
-        raise RunFailed(f"{error}\n$ {' '.join(command)}\n{tail}") from None
-    leftovers = [f"{len(left)} process(es) still running after it ({left})"] if left else []
-    stray = sorted(os.listdir(tmp))
-    if stray:
-        leftovers.append(f"left in its TMPDIR: {', '.join(stray[:5])}")
-    return Run(times, wall, leftovers)
+    done = runs.run_pytest(workdir, f"test_{name}.py", run_id, timeout, junit_tests=tests)
+    return Run(done.times, done.wall, done.leftovers)
 
 
-def summarize(runs: List[Run], tests: int) -> Dict[str, Any]:
+def summarize(rounds: List[Run], tests: int) -> Dict[str, Any]:
     """Medians over the rounds, in ms (wall in s)."""
     return {
-        "per_test_ms": statistics.median(r.per_test for r in runs) * 1e3,
-        "first_ms": statistics.median(r.tests[0] for r in runs) * 1e3,
-        "wall_per_test_ms": statistics.median(r.wall / tests for r in runs) * 1e3,
-        "wall_s": statistics.median(r.wall for r in runs),
-        "outside_tests_s": statistics.median(r.outside for r in runs),
+        "per_test_ms": statistics.median(r.per_test for r in rounds) * 1e3,
+        "first_ms": statistics.median(r.tests[0] for r in rounds) * 1e3,
+        "wall_per_test_ms": statistics.median(r.wall / tests for r in rounds) * 1e3,
+        "wall_s": statistics.median(r.wall for r in rounds),
+        "outside_tests_s": statistics.median(r.outside for r in rounds),
         "rounds": [
             {"per_test_ms": r.per_test * 1e3, "first_ms": r.tests[0] * 1e3, "wall_s": r.wall,
              "test_ms": [t * 1e3 for t in r.tests]}
-            for r in runs
+            for r in rounds
         ],
     }
 
@@ -318,48 +224,23 @@ def targets(medians: Dict[str, Dict[str, Any]]) -> List[Tuple[str, float, str, b
     ]
 
 
-def _raise_exit(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", type=int, default=20, help="tests per variant (>= 2)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of all variants (>= 1)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per pytest run")
-    parser.add_argument("--json", metavar="PATH", help="also write the numbers here")
-    args = parser.parse_args()
-    if args.tests < 2 or args.rounds < 1:
-        parser.error("--tests must be at least 2 and --rounds at least 1")
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # so that the clean-up below runs
-        signal.signal(sig, _raise_exit)
+    args = runs.parse_args(parser, "seconds per pytest run", min_tests=2)
+    runs.exit_on_signals()
 
-    workdir = tempfile.mkdtemp(prefix="bench-functions-")
-    runs: Dict[str, List[Run]] = {name: [] for name in VARIANTS}
-    try:
-        with open(os.path.join(workdir, "pytest.ini"), "w") as f:
-            f.write("[pytest]\n")  # this folder is the rootdir: no settings from above it
-        for name, source in VARIANTS.items():
-            with open(os.path.join(workdir, f"test_{name}.py"), "w") as f:
-                f.write(source.replace("__N__", str(args.tests)))
-        names = list(VARIANTS)
-        for round_ in range(args.rounds):
-            shift = round_ % len(names)
-            for name in names[shift:] + names[:shift]:
-                try:
-                    runs[name].append(
-                        run_variant(name, workdir, args.tests, f"{name}-{round_}", args.timeout)
-                    )
-                except RunFailed as error:
-                    print(f"variant {name} failed (round {round_ + 1}): {error}", file=sys.stderr)
-                    return 1
-                print(f"  round {round_ + 1}: {name} done", file=sys.stderr, flush=True)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with runs.work_folder("bench-functions-", runs.test_files(VARIANTS, args.tests)) as workdir:
+        results = runs.run_rounds(
+            lambda name, run_id: run_variant(name, workdir, args.tests, run_id, args.timeout),
+            list(VARIANTS), args.rounds, lambda run: "done",
+        )
+    if results is None:
+        return 1
 
-    medians = {name: summarize(variant_runs, args.tests) for name, variant_runs in runs.items()}
-    print(f"{args.tests} trivial 2-rank gloo tests per variant, {args.rounds} round(s), "
-          f"{os.cpu_count()} cores, torch {_torch_version()}; medians over the rounds")
+    medians = {name: summarize(variant_runs, args.tests) for name, variant_runs in results.items()}
+    print(runs.header(f"{args.tests} trivial 2-rank gloo tests per variant", args.rounds))
     print(f"{'variant':<14}{'per test ms':>12}{'first ms':>10}{'wall/N ms':>11}{'wall s':>8}"
           f"{'outside s':>11}")
     for name, m in medians.items():
@@ -369,29 +250,12 @@ def main() -> int:
     checks = targets(medians)
     for label, value, limit, passed in checks:
         unit = "" if label.endswith("(ms)") else "x"
-        print(f"  {label:<22}{value:>9.2f}{unit:<2} target {limit:<9}"
-              f"{'PASS' if passed else 'FAIL'}")
-    problems = [f"{name}: {note}" for name, rs in runs.items() for r in rs for note in r.leftovers]
-    for problem in problems:
-        print(f"  problem: {problem}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({
-                "tests": args.tests, "rounds": args.rounds, "cpu_count": os.cpu_count(),
-                "variants": medians, "problems": problems,
-                "targets": [{"target": label, "value": value, "limit": limit, "passed": passed}
-                            for label, value, limit, passed in checks],
-            }, f, indent=2)
+        print(f"  {label:<22}{value:>9.2f}{unit:<2} target {limit:<9}{runs.verdict(passed)}")
+    problems = runs.problems(results)
+    runs.print_problems(problems)
+    runs.write_json(args.json, args.tests, args.rounds, medians, problems,
+                    targets=[runs.target(*check) for check in checks])
     return 0
-
-
-def _torch_version() -> Optional[str]:
-    try:
-        from importlib.metadata import version
-
-        return version("torch")
-    except Exception:
-        return None
 
 
 if __name__ == "__main__":

@@ -33,26 +33,16 @@ process a run left behind (reported as a problem).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from tests.fixtures import procs  # noqa: E402 - the one /proc reader of tests and benchmarks
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import runs  # noqa: E402 - what the pytest-session benchmarks share
 
-TAIL_CHARS = 4000
-GROUP_EXIT_WAIT_S = 10.0  # how long a run's helpers (forkserver, pool workers) may take to exit
 TARGET_RATIO = 0.7  # the harness's session at most this times the session pool's
-PLUGIN = "harness.pytest_plugin"
 
 _HARNESS = '''
 import pytest
@@ -160,10 +150,6 @@ VARIANTS: Dict[str, str] = {
 }
 
 
-class RunFailed(Exception):
-    """A variant's pytest run did not pass all its tests."""
-
-
 @dataclass
 class Run:
     """One pytest session of a variant: its wall time, and what it left behind."""
@@ -172,151 +158,53 @@ class Run:
     leftovers: List[str] = field(default_factory=list)
 
 
-def group_members(pgid: int) -> List[int]:
-    """The processes in process group `pgid`, from /proc."""
-    return [p.pid for p in procs.processes() if p.pgrp == pgid]
-
-
-def stop_group(pgid: int, wait_s: float) -> List[int]:
-    """Wait up to `wait_s` for group `pgid` to empty; kill what is left; return its pids."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        left = group_members(pgid)
-        if not left or time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
-    if left:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            time.sleep(1.0)
-    return left
-
-
 def run_variant(name: str, workdir: str, tests: int, run_id: str, timeout: float) -> Run:
     """Run the variant's generated file (already in `workdir`) once, in its own process group,
     timing the whole pytest command."""
-    basetemp = os.path.join(workdir, f"basetemp-{run_id}")
-    tmp = os.path.join(workdir, f"tmp-{run_id}")
-    os.mkdir(tmp)
-    plugin = PLUGIN if name == "harness" else f"no:{PLUGIN}"
-    command = [
-        sys.executable, "-m", "pytest", f"test_{name}.py", "-q", "-p", "no:cacheprovider",
-        "-p", plugin, f"--basetemp={basetemp}",
-    ]
-    env = dict(os.environ, TMPDIR=tmp, GLOO_SOCKET_IFNAME="lo")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
-    started = time.perf_counter()
-    child = subprocess.Popen(
-        command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        output, _ = child.communicate(timeout=timeout)
-        wall = time.perf_counter() - started
-    except subprocess.TimeoutExpired:
-        stop_group(child.pid, 0)
-        output, _ = child.communicate()
-        tail = output.decode(errors="replace")[-TAIL_CHARS:]
-        raise RunFailed(f"timed out after {timeout:.0f} s\n$ {' '.join(command)}\n{tail}") from None
-    except BaseException:  # interrupted: the run and all it started go
-        stop_group(child.pid, 0)
-        child.wait()
-        raise
-    left = stop_group(child.pid, GROUP_EXIT_WAIT_S)
-    text = output.decode(errors="replace")
-    if child.returncode != 0 or f"{tests} passed" not in text:
-        raise RunFailed(f"exit code {child.returncode}; cwd {workdir}\n$ {' '.join(command)}\n"
-                        f"{text[-TAIL_CHARS:]}")
-    leftovers = [f"{len(left)} process(es) still running after it ({left})"] if left else []
-    stray = sorted(os.listdir(tmp))
-    if stray:
-        leftovers.append(f"left in its TMPDIR: {', '.join(stray[:5])}")
-    return Run(wall, leftovers)
+    done = runs.run_pytest(workdir, f"test_{name}.py", run_id, timeout,
+                           plugin=name == "harness", expect=f"{tests} passed")
+    return Run(done.wall, done.leftovers)
 
 
-def summarize(runs: List[Run]) -> Dict[str, Any]:
+def summarize(rounds: List[Run]) -> Dict[str, Any]:
     """The median session over the rounds, with its range, in s."""
-    walls = [r.wall for r in runs]
+    walls = [r.wall for r in rounds]
     return {"wall_s": statistics.median(walls), "min_s": min(walls), "max_s": max(walls),
             "rounds_s": walls}
-
-
-def _raise_exit(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds of all variants (>= 1)")
     parser.add_argument("--tests", type=int, default=4, help="tests per file (>= 1)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per pytest run")
-    parser.add_argument("--json", metavar="PATH", help="also write the numbers here")
-    args = parser.parse_args()
-    if args.tests < 1 or args.rounds < 1:
-        parser.error("--tests and --rounds must be at least 1")
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # so that the clean-up below runs
-        signal.signal(sig, _raise_exit)
+    args = runs.parse_args(parser, "seconds per pytest run", min_tests=1)
+    runs.exit_on_signals()
 
-    workdir = tempfile.mkdtemp(prefix="bench-session-")
-    runs: Dict[str, List[Run]] = {name: [] for name in VARIANTS}
-    try:
-        with open(os.path.join(workdir, "pytest.ini"), "w") as f:
-            f.write("[pytest]\n")  # this folder is the rootdir: no settings from above it
-        for name, source in VARIANTS.items():
-            with open(os.path.join(workdir, f"test_{name}.py"), "w") as f:
-                f.write(source.replace("__N__", str(args.tests)))
-        names = list(VARIANTS)
-        for round_ in range(args.rounds):
-            shift = round_ % len(names)
-            for name in names[shift:] + names[:shift]:
-                try:
-                    runs[name].append(
-                        run_variant(name, workdir, args.tests, f"{name}-{round_}", args.timeout)
-                    )
-                except RunFailed as error:
-                    print(f"variant {name} failed (round {round_ + 1}): {error}", file=sys.stderr)
-                    return 1
-                print(f"  round {round_ + 1}: {name} {runs[name][-1].wall:.2f} s",
-                      file=sys.stderr, flush=True)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with runs.work_folder("bench-session-", runs.test_files(VARIANTS, args.tests)) as workdir:
+        results = runs.run_rounds(
+            lambda name, run_id: run_variant(name, workdir, args.tests, run_id, args.timeout),
+            list(VARIANTS), args.rounds, lambda run: f"{run.wall:.2f} s",
+        )
+    if results is None:
+        return 1
 
-    medians = {name: summarize(variant_runs) for name, variant_runs in runs.items()}
+    medians = {name: summarize(variant_runs) for name, variant_runs in results.items()}
     pool_s = medians["session_pool"]["wall_s"]
-    print(f"a pytest session of {args.tests} trivial 2-rank gloo tests, {args.rounds} round(s), "
-          f"{os.cpu_count()} cores, torch {_torch_version()}; medians over the rounds")
+    print(runs.header(f"a pytest session of {args.tests} trivial 2-rank gloo tests", args.rounds))
     print(f"{'variant':<14}{'session s':>10}{'min-max s':>14}{'vs session_pool':>17}")
     for name, m in medians.items():
         spread = f"{m['min_s']:.2f}-{m['max_s']:.2f}"
         print(f"{name:<14}{m['wall_s']:>10.2f}{spread:>14}{m['wall_s'] / pool_s:>16.2f}x")
     ratio = medians["harness"]["wall_s"] / pool_s
     passed = ratio <= TARGET_RATIO
-    print(f"harness session <= {TARGET_RATIO}x session_pool: {'PASS' if passed else 'FAIL'} "
+    print(f"harness session <= {TARGET_RATIO}x session_pool: {runs.verdict(passed)} "
           f"({ratio:.2f}x)")
-    problems = [f"{name}: {note}" for name, rs in runs.items() for r in rs for note in r.leftovers]
-    for problem in problems:
-        print(f"  problem: {problem}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({
-                "tests": args.tests, "rounds": args.rounds, "cpu_count": os.cpu_count(),
-                "variants": medians, "problems": problems,
-                "target": {"target": "harness / session_pool", "value": ratio,
-                           "limit": f"<= {TARGET_RATIO}x", "passed": passed},
-            }, f, indent=2)
+    problems = runs.problems(results)
+    runs.print_problems(problems)
+    runs.write_json(args.json, args.tests, args.rounds, medians, problems,
+                    target=runs.target("harness / session_pool", ratio, f"<= {TARGET_RATIO}x",
+                                       passed))
     return 0
-
-
-def _torch_version() -> Optional[str]:
-    try:
-        from importlib.metadata import version
-
-        return version("torch")
-    except Exception:
-        return None
 
 
 if __name__ == "__main__":

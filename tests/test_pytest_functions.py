@@ -602,3 +602,55 @@ def test_an_autouse_rank_fixture_reaches_every_ranked_test_and_nothing_else(
     out = run_files(tmp_path, {"conftest.py": AUTOUSE_CONFTEST, "test_autouse.py": AUTOUSE_TESTS})
     assert "4 passed" in out, out[-3000:]
 
+
+LAUNCHER_ENV_TESTS = '''
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import MultiProcessTestCase
+
+NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+         "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.mark.ranks(2, init=False)
+def test_a_bare_init_process_group_makes_the_world(rank):
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert (dist.get_rank(), dist.get_world_size(), t.item()) == (rank, 2, 2)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.ranks(2, mode="shared")
+def test_shared_ranks_see_it(rank):
+    assert (os.environ["RANK"], os.environ["LOCAL_RANK"]) == (str(rank), str(rank))
+
+
+def test_the_pytest_process_has_none_of_it():
+    assert [name for name in NAMES if name in os.environ] == []
+
+
+class TestClassRanks(MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_see_it(self):
+        assert os.environ["WORLD_SIZE"] == "2" and os.environ["MASTER_ADDR"] == "127.0.0.1"
+'''
+
+
+@pytest.mark.slow
+def test_every_process_rank_runs_in_torchruns_environment(tmp_path: Path) -> None:
+    out = run_files(tmp_path, {"test_launcher_env.py": LAUNCHER_ENV_TESTS})
+    assert "4 passed" in out, out[-3000:]
+

@@ -43,5 +43,21 @@ class DestroyDefaultGroup(unittest.TestCase):
         self.assertEqual(self.destroy(exits_after_test=False), [])
 
 
+
+class LauncherEnvironment(unittest.TestCase):
+    def test_torchruns_worker_variables_for_one_machine(self) -> None:
+        self.assertEqual(rank.launcher_environment(1, 4, 29511), {
+            "RANK": "1", "LOCAL_RANK": "1", "GROUP_RANK": "0", "ROLE_RANK": "1",
+            "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "ROLE_WORLD_SIZE": "4",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511",
+        })
+
+    def test_a_rank_is_not_taken_for_a_process_torchrun_launched(self) -> None:
+        from harness import devices
+
+        with mock.patch.dict(os.environ, rank.launcher_environment(0, 2, 29511)):
+            self.assertIsNone(devices.torchrun_env())
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -70,6 +70,19 @@ class RankSpec:
     env: Dict[str, str]
     fake_pg: bool = False  # upstream's `fake_pg` of the class: its ranks use the fake backend
     inputs: Any = None  # what the supervising case sends with the test (RankContext.inputs)
+    master_port: int = 0  # this set of ranks' own free port on loopback (launcher_environment)
+
+
+def launcher_environment(rank: int, world_size: int, master_port: int) -> Dict[str, str]:
+    """The variables torchrun gives each of its workers (one machine, one role), so that code
+    that reads them finds in a rank the world it has under torchrun: DeepSpeed's
+    `init_distributed()`, ignite, accelerate, Lightning, a bare `dist.init_process_group(
+    "gloo")` (env://, on MASTER_PORT). Not torchrun's own TORCHELASTIC_* variables: a process
+    started inside a rank is not taken for a launched rank (harness.devices.torchrun_env)."""
+    env = {"RANK": rank, "LOCAL_RANK": rank, "GROUP_RANK": 0, "ROLE_RANK": rank,
+           "WORLD_SIZE": world_size, "LOCAL_WORLD_SIZE": world_size,
+           "ROLE_WORLD_SIZE": world_size, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master_port}
+    return {name: str(value) for name, value in env.items()}
 
 
 _exits_after_test = False  # a fresh rank: this process ends (os._exit) once its test is done
@@ -428,6 +441,7 @@ def _prepare_process(spec: RankSpec) -> None:
     # The forkserver's environment is frozen at its start; use the test process's current one.
     os.environ.clear()
     os.environ.update(spec.env)
+    os.environ.update(launcher_environment(spec.rank, spec.world_size, spec.master_port))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     assert_rewrite.install(spec.env)  # under pytest, test modules imported here are rewritten
     compat_flight_recorder.enable()  # so a hang report can say which collective each rank is in

@@ -25,7 +25,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Dict, List, Set
 
-from harness import devices
+from harness import devices, network
 from harness.launch.fail_fast import FailFast
 from harness.outcome import collective_trace, stacks
 from harness.outcome.rank_record import RankRecord, fails_rank
@@ -63,6 +63,7 @@ class RankGroup:
         self.temp_dir = os.path.join(self.work_dir, "tmp")
         os.mkdir(self.temp_dir, 0o700)
         self.records = [RankRecord(rank) for rank in range(world_size)]
+        self.master_port = network.find_free_port()  # the ranks' MASTER_PORT (env://)
         self.processes: List[Any] = []
         self._readers: Dict[int, Connection] = {}
         self._alive: Set[int] = set()  # ranks whose exit the supervisor has not seen yet
@@ -141,6 +142,7 @@ class RankGroup:
             env={**os.environ, **assert_rewrite.settings()},
             fake_pg=bool(getattr(cls, "fake_pg", False)),
             inputs=inputs,
+            master_port=self.master_port,
         )
 
     def send_test(self, method: str, inputs: Any = None) -> bool:
