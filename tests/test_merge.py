@@ -257,6 +257,40 @@ class CauseFirst(unittest.TestCase):
                         verdict.own.detail.index("stack of rank 0"))
         self.assertEqual((verdict.lead.label, verdict.lead.hang), ("rank 1", True))
 
+    def test_a_rank_that_left_while_a_peer_waits_is_the_culprit_of_the_hang(self) -> None:
+        waiting = [CollectiveCall("all_reduce", "the default group", 1, (), True),
+                   CollectiveCall("all_reduce", "the default group", 2, (), False)]
+        records = [RankRecord(rank=0, stopped=True, stack="s0", collectives=waiting),
+                   done(1, exitcode=0)]
+        verdict = decide(records, 14.9)
+        self.assertEqual(
+            verdict.own.detail.splitlines()[0],
+            "rank 1 left the test while rank 0 waits in all_reduce #2; timed out after 14.9 s "
+            "with rank 0 still running",
+        )
+        self.assertEqual((verdict.lead.label, verdict.lead.hang), ("rank 1", True))
+        self.assertTrue(verdict.lead.message.startswith("left the test while rank 0 waits"))
+
+    def test_a_shared_rank_that_returned_is_the_culprit_too(self) -> None:
+        waiting = [CollectiveCall("barrier", "the default group", 3, (), False)]
+        records = [RankRecord(rank=0, stopped=True, collectives=waiting), done(1)]
+        self.assertEqual(decide(records, 5.0).lead.label, "rank 1")
+
+    def test_ranks_stopped_outside_any_collective_wait_for_no_one_who_left(self) -> None:
+        records = [RankRecord(rank=0, stopped=True, collectives=[]), done(1, exitcode=0)]
+        self.assertTrue(decide(records, 5.0).own.detail.startswith("timed out after 5 s"))
+
+    def test_a_peers_broken_connection_is_the_consequence_of_its_leaving(self) -> None:
+        closed = Event(kind="failure", status="error", text=(
+            'Traceback (most recent call last):\n  File "/u/t.py", line 9, in test_x\n'
+            "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:123\n"))
+        records = [done(0, closed, exitcode=0, problem_at=1.0), done(1, exitcode=0)]
+        verdict = decide(records, None)
+        self.assertEqual(verdict.lead.label, "rank 1")
+        self.assertTrue(verdict.own.detail.startswith(
+            "rank 1 left the test while rank 0 was in a collective with it; rank 0 raised as a "
+            "consequence: RuntimeError: [gloo] Connection closed by peer"), verdict.own.detail)
+
 
 class MergeSubtests(unittest.TestCase):
     def test_points_merge_across_ranks_in_first_seen_order(self) -> None:

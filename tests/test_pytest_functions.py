@@ -654,3 +654,35 @@ def test_every_process_rank_runs_in_torchruns_environment(tmp_path: Path) -> Non
     out = run_files(tmp_path, {"test_launcher_env.py": LAUNCHER_ENV_TESTS})
     assert "4 passed" in out, out[-3000:]
 
+
+LEAVING_TESTS = '''
+import pytest
+import torch
+import torch.distributed as dist
+
+
+@pytest.mark.ranks(2)
+def test_leaves_and_breaks_the_connection(rank):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    if rank == 0:
+        dist.all_reduce(t)
+
+
+@pytest.mark.ranks(2, mode="shared", timeout=3)
+def test_returns_while_a_peer_waits(rank):
+    if rank == 0:
+        dist.all_reduce(torch.ones(1))
+'''
+
+
+@pytest.mark.slow
+def test_the_rank_that_left_is_named_first(tmp_path: Path) -> None:
+    """Not the peer waiting for it: in the timeout's headline, and before the gloo error its
+    exit caused in the peer (a consequence)."""
+    out = run_files(tmp_path, {"test_leaving.py": LEAVING_TESTS})
+    assert "2 failed" in out, out[-3000:]
+    assert "E   rank 1: left the test while rank 0 was in a collective with it" in out, out
+    assert "rank 0 raised as a consequence" in out
+    assert "E   rank 1: left the test while rank 0 waits in all_reduce #" in out, out
+

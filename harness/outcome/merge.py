@@ -141,14 +141,18 @@ def own_outcome(
         problems = ordered_problems(failing, exit_accepted)
         collectives = ranks_collectives(running)
         first, blamed = hung_first(running)
-        if blamed:
+        left = left_while_waiting(records, exit_accepted)
+        if left is not None:  # a rank that ended the test alone is what the others wait for
+            head = f"{left.head}; {head}"
+        elif blamed:
             head += f"; rank {first.rank} hung first (in no collective, the others wait in one)"
         by_cause = sorted(running, key=lambda r: r is not first)  # the cause's stack first
         sections = [("", collectives), ("", stacks_section(by_cause))]
         sections += [p.section() for p in problems]
+        label = f"rank {left.rank}" if left else f"rank {first.rank}" if first else "timed out"
         lead = RankReport(
-            f"rank {first.rank}" if first else "timed out", head,
-            where(first.stack) if first else [],
+            label, head[len(label) + 1:] if left else head,
+            where(first.stack) if first and not left else [],
             [titled(collectives)]
             + [(f"stack of rank {r.rank}", stopped_stack(r)) for r in by_cause]
             + [p.section() for p in problems],
@@ -159,6 +163,11 @@ def own_outcome(
         return Outcome(ERROR, head, report(head, sections, records), "RankError", lead)
     if failing:
         problems = ordered_problems(failing, exit_accepted)
+        left = left_while_waiting(records, exit_accepted)
+        if left is not None and all(p.consequence for p in problems_of_all(failing, exit_accepted)):
+            # every failure is a peer's leaving (gloo's "Connection closed by peer"): the rank
+            # that left is the cause, and theirs are consequences
+            problems = [left] + [p._replace(consequence=True) for p in problems]
         head = "; ".join(p.headline() for p in problems)
         stopped = [r for r in records if r.stopped]
         sections = [p.section() for p in problems if p.detail]
@@ -226,6 +235,37 @@ def merge_subtests(records: List[RankRecord]) -> List[PointReport]:
         else:
             merged.append(PointReport(point["params"], PASSED))
     return merged
+
+
+def problems_of_all(
+    failing: List[RankRecord], exit_accepted: Optional[ExitAccepted] = None
+) -> List[Problem]:
+    return [p for r in failing for p in problems_of(r, exit_accepted)]
+
+
+def left_while_waiting(
+    records: List[RankRecord], exit_accepted: Optional[ExitAccepted] = None
+) -> Optional[Problem]:
+    """A rank that ended the test on its own, without a problem, while a peer had not: what
+    that peer waits for in its collective (or failed in, when the leaving broke the
+    connection). Told as `rank 1 left the test while rank 0 waits in all_reduce #2`; None
+    when no rank left so, or every rank did."""
+    gone = [r for r in records if not r.stopped and (r.finished or r.exitcode is not None)
+            and not r.problems(exit_accepted) and r.skip_reason() is None]
+    behind = [r for r in records if r.stopped or r.problems(exit_accepted)]
+    if not gone or not behind:
+        return None
+    waits = [(r, waiting_in(r.collectives)) for r in behind if r.collectives]
+    known = [(r, call) for r, call in waits if call is not None]
+    if known:
+        peer, call = known[0]
+        where_it_waits = f"waits in {call.describe(with_group=False)}"
+    elif any(r.stopped for r in behind):
+        return None  # the ones still running wait in no collective: not for it
+    else:
+        peer, where_it_waits = behind[0], "was in a collective with it"
+    return Problem(gone[0].rank, f"rank {gone[0].rank} left the test while rank {peer.rank} "
+                   f"{where_it_waits}", "", "", False)
 
 
 def titled(section: str) -> Tuple[str, str]:
