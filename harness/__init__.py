@@ -50,6 +50,9 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
     "harness.pytest_plugin.fixtures": (
         "rank_fixture",
     ),
+    "harness.pytest_plugin.pool": (
+        "RankPool",
+    ),
     "harness.pytest_plugin.deepspeed": (
         "DistributedTest",
     ),

@@ -57,9 +57,17 @@ def ranks_of(cls: type, world_size_mark: Any) -> Ranks:
         device=getattr(cls, "device", "auto"), backend=getattr(cls, "backend", None),
         allow_cpu=getattr(cls, "allow_cpu", False),
         init=getattr(cls, "init_distributed", True), timeout=getattr(cls, "exec_timeout", None),
+        skip_leak_checks=_names(getattr(cls, "skip_leak_checks", ())),
     )
     check(ranks, cls.__name__)
     return ranks
+
+
+def _names(value: Any) -> Any:
+    """A class attribute of one name or several, as the marker takes it (a tuple)."""
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value) if isinstance(value, list) else value
 
 
 @pytest.fixture(scope="class")
