@@ -170,6 +170,49 @@ def test_a_ranks_warnings_logs_and_thread_errors_reach_its_output(
         assert text in out, f"{text} missing:\n{out[-3000:]}"
 
 
+GIVING_UP_CONFTEST = '''
+import sys
+import time
+
+from harness.process import mp_forkserver
+
+
+def pytest_collection_finish(session):
+    def gives_up(listener_fd, alive_r):  # the server forked when the run loop starts
+        time.sleep(3)  # the first test's ranks ask it meanwhile
+        print("THE-SERVER-GAVE-UP", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+
+    mp_forkserver.serve_requests = gives_up
+'''
+
+TWO_RANKED_TESTS = '''
+import pytest
+
+
+@pytest.mark.ranks(2)
+def test_first(rank):
+    pass
+
+
+@pytest.mark.ranks(2)
+def test_second(rank):
+    pass
+'''
+
+
+@pytest.mark.slow
+def test_a_forkserver_that_cannot_serve_fails_the_test_with_what_it_wrote(tmp_path: Path) -> None:
+    """Its output in the failure; the session goes on, on a forkserver started anew."""
+    (tmp_path / "conftest.py").write_text(GIVING_UP_CONFTEST)
+    (tmp_path / "test_two.py").write_text(TWO_RANKED_TESTS)
+    out, err = run_pytest(tmp_path, ["test_two.py"], {})
+    assert "1 failed, 1 passed" in out, out[-3000:] + err[-2000:]
+    assert "ForkserverError: the harness's forkserver could not start a rank" in out
+    assert "THE-SERVER-GAVE-UP" in out
+    assert "INTERNALERROR" not in out + err
+
+
 def test_the_harness_server_is_not_the_process_wide_one() -> None:
     assert mp_forkserver.SERVER is not mp_forkserver.PROCESS_WIDE
     process = mp_forkserver.context().Process(target=print)

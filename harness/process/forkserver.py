@@ -41,6 +41,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import types
 import unittest
 from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, NoReturn, Optional
@@ -66,6 +67,7 @@ GROUP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 MISSING_GUARD_EXIT = 113
 MISSING_GUARD_EXIT_CODE = 2  # the run's exit code then: bad input
 FORKSERVER_EXIT_WAIT_S = 1.0  # after its socket closed, how long the forkserver may take to exit
+LOG_TAIL_CHARS = 4000  # of the forkserver's log, in the error of a test it could not serve
 
 # What every rank would otherwise import itself, once per test; numpy and numpy.random (numpy
 # 2 imports it lazily: about 15 ms in a fresh rank) because TestCase.setUp seeds it.
@@ -166,7 +168,7 @@ def _ensure_running() -> None:
         if value is not None:
             os.environ[name] = value
     try:
-        mp_forkserver.ensure_running()
+        mp_forkserver.ensure_running(server_log())
     finally:
         for name, value in saved.items():
             if value is None:
@@ -200,8 +202,8 @@ def start_as_fork(modules: Iterable[str]) -> bool:
         return False  # one that failed to import: the ranks import it and report the error
     if threading.active_count() != 1 or not _native_threads() <= _THREADS_AT_IMPORT:
         return False
-    runner = os.getpid()
-    return mp_forkserver.fork_server(lambda listener, alive: _serve(listener, alive, runner))
+    runner, log = os.getpid(), server_log()
+    return mp_forkserver.fork_server(lambda listener, alive: _serve(listener, alive, runner, log))
 
 
 def start_as_fork_under_unittest_main() -> None:
@@ -239,10 +241,28 @@ def _accelerator_built() -> bool:
     return any(getattr(version, name, None) is not None for name in ("cuda", "hip", "xpu"))
 
 
-def _serve(listener_fd: int, alive_r: int, runner: int) -> None:
-    """The forked forkserver: the signal handling and the `__main__` a started one has (not
-    the runner's handlers, nor the script's module as the runner left it), then
-    multiprocessing's loop, then the exit a started one has (clean_up_when_orphaned)."""
+def _serve(listener_fd: int, alive_r: int, runner: int, log: str) -> None:
+    """The forked forkserver: the stderr, signal handling and `__main__` a started one has
+    (not the runner's handlers, nor the script's module as the runner left it), then
+    multiprocessing's loop, then the exit a started one has (clean_up_when_orphaned). If it
+    cannot get that far, why is in its log (`server_log`) for the test that needed it."""
+    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    sys.stderr = open(2, "w", closefd=False)  # the process's own stderr, never closed
+    try:
+        _set_up_forked_server(runner)
+    except BaseException:  # noqa: BLE001 - a forkserver that cannot serve says why and exits
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    try:
+        mp_forkserver.serve_requests(listener_fd, alive_r)
+    finally:
+        _forkserver_exit(os.getpid(), runner)
+
+
+def _set_up_forked_server(runner: int) -> None:
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # what the ranks start with
     # what the runner (pytest) may have hooked in: a rank reports as a new interpreter would
@@ -256,10 +276,31 @@ def _serve(listener_fd: int, alive_r: int, runner: int) -> None:
     if script is not None:
         sys.modules["__main__"] = types.ModuleType("__main__")
         _import_test_code(mp_forkserver.import_main_path, script)
+
+
+def server_log() -> str:
+    """Where the forkserver's stderr goes: why it could not start or fork a rank, for the test
+    that needed it (`ForkserverError`); in multiprocessing's temp folder, removed at exit."""
+    return os.path.join(mp_forkserver.temp_dir(), "harness-forkserver.log")
+
+
+class ForkserverError(RuntimeError):
+    """The forkserver could not start a rank (it died, or never got to serve)."""
+
+
+def forkserver_error(error: BaseException) -> ForkserverError:
+    """The error a test gets when its ranks could not be started: what went wrong here, and
+    the end of what the forkserver wrote (its traceback)."""
     try:
-        mp_forkserver.serve_requests(listener_fd, alive_r)
-    finally:
-        _forkserver_exit(os.getpid(), runner)
+        with open(server_log(), errors="replace") as log:
+            written = log.read()[-LOG_TAIL_CHARS:].strip()
+    except OSError:
+        written = ""
+    said = f"; it wrote:\n{written}" if written else " (it wrote nothing)"
+    return ForkserverError(
+        f"the harness's forkserver could not start a rank ({type(error).__name__}: {error})"
+        f"{said}"
+    )
 
 
 def load_test_code_in_forkserver() -> None:

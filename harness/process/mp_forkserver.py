@@ -98,9 +98,26 @@ def set_preload(modules: List[str]) -> None:
     SERVER.set_forkserver_preload(modules)
 
 
-def ensure_running() -> None:
-    """Start the harness's server as an interpreter, unless it runs."""
-    SERVER.ensure_running()
+def ensure_running(stderr_path: str) -> None:
+    """Start the harness's server as an interpreter, unless it runs, with its stderr (what it
+    prints if it cannot start, and what a rank prints before it captures its own) appended
+    to `stderr_path`."""
+    pid = SERVER._forkserver_pid
+    if pid is not None and hasattr(os, "waitid"):
+        try:  # alive: nothing to start (WNOWAIT: a dead one stays for ensure_running to reap)
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                return
+        except ChildProcessError:
+            pass
+    log = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    saved = os.dup(2)
+    os.dup2(log, 2)  # what the server inherits; this process's own stderr back at once
+    try:
+        SERVER.ensure_running()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(log)
 
 
 def can_fork() -> bool:

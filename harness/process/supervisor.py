@@ -109,9 +109,9 @@ class RankGroup:
             self._readers[record.rank] = reader
             try:
                 process.start()
-            except (EOFError, OSError):
+            except (EOFError, OSError) as error:
                 self._exit_if_missing_guard(cls, forkserver.stopped_for_missing_guard())
-                raise
+                raise forkserver.forkserver_error(error) from error
             finally:
                 writer.close()  # the rank holds the only write end: EOF once it exits
                 if task_reader is not None:
