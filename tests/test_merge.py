@@ -276,6 +276,21 @@ class CauseFirst(unittest.TestCase):
         records = [RankRecord(rank=0, stopped=True, collectives=waiting), done(1)]
         self.assertEqual(decide(records, 5.0).lead.label, "rank 1")
 
+    def test_a_rank_running_outside_every_collective_is_blamed_before_one_that_left(
+        self,
+    ) -> None:
+        waiting = [CollectiveCall("all_reduce", "the default group", 2, (), False)]
+        records = [RankRecord(rank=0, stopped=True, stack="s0", collectives=waiting),
+                   done(1), RankRecord(rank=2, stopped=True, stack="s2", collectives=[])]
+        verdict = decide(records, 5.0)
+        self.assertIn("rank 2 hung first", verdict.own.detail.splitlines()[0])
+        self.assertEqual(verdict.lead.label, "rank 2")
+
+    def test_no_one_who_left_is_blamed_for_a_subgroups_collective(self) -> None:
+        waiting = [CollectiveCall("all_reduce", "group 1", 2, (), False)]
+        records = [RankRecord(rank=0, stopped=True, collectives=waiting), done(1)]
+        self.assertTrue(decide(records, 5.0).own.detail.startswith("timed out after 5 s"))
+
     def test_ranks_stopped_outside_any_collective_wait_for_no_one_who_left(self) -> None:
         records = [RankRecord(rank=0, stopped=True, collectives=[]), done(1, exitcode=0)]
         self.assertTrue(decide(records, 5.0).own.detail.startswith("timed out after 5 s"))

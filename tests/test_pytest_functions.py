@@ -686,3 +686,71 @@ def test_the_rank_that_left_is_named_first(tmp_path: Path) -> None:
     assert "rank 0 raised as a consequence" in out
     assert "E   rank 1: left the test while rank 0 waits in all_reduce #" in out, out
 
+
+AUTOUSE_DEPENDENCIES_CONFTEST = '''
+import os
+
+import pytest
+
+from harness import rank_fixture
+
+
+@pytest.fixture
+def config_value():
+    return "CFG"
+
+
+@rank_fixture
+def cfg(config_value, rank):
+    return f"{config_value}{rank}"
+
+
+@rank_fixture(autouse=True)
+def init(cfg, rank):
+    os.environ["INIT_SEEN"] = cfg
+    yield
+    del os.environ["INIT_SEEN"]
+'''
+
+AUTOUSE_IN_A_CLASS = '''
+import os
+
+import pytest
+
+from harness import rank_fixture
+
+
+@rank_fixture
+def own(rank):
+    return os.environ.get("INIT_SEEN")  # the autouse one was built first
+
+
+@pytest.mark.ranks(2)
+def test_module(rank, own):
+    assert own == f"CFG{rank}"
+
+
+class TestInClass:
+    @rank_fixture(autouse=True)
+    def class_setup(self, rank):
+        os.environ["CLASS_SETUP"] = str(rank)
+
+    @pytest.mark.ranks(2)
+    def test_method(self, rank):
+        assert os.environ["CLASS_SETUP"] == str(rank)
+        assert os.environ["INIT_SEEN"] == f"CFG{rank}"
+
+
+def test_without_ranks():
+    assert "INIT_SEEN" not in os.environ and "CLASS_SETUP" not in os.environ
+'''
+
+
+@pytest.mark.slow
+def test_autouse_rank_fixtures_in_a_class_with_dependencies_come_first(tmp_path: Path) -> None:
+    """What an autouse rank fixture asks for through other rank fixtures is resolved; one
+    defined in a class reaches that class's ranked tests; both before the test's own."""
+    out = run_files(tmp_path, {"conftest.py": AUTOUSE_DEPENDENCIES_CONFTEST,
+                               "test_autouse_class.py": AUTOUSE_IN_A_CLASS})
+    assert "3 passed" in out, out[-3000:]
+

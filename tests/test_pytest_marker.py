@@ -42,6 +42,7 @@ class TestReadRanks:
         ((2,), {"backend": 3}, "backend must be a name"),
         ((2,), {"skip_leak_checks": ("environment",)},
          "skip_leak_checks: unknown check 'environment'"),
+        ((2,), {"skip_leak_checks": 1}, "skip_leak_checks must be a tuple of check names"),
     ])
     def test_bad_input_is_one_line_naming_it(self, args: tuple, kwargs: dict, error: str) -> None:
         with pytest.raises(MarkerError, match=error) as raised:

@@ -43,7 +43,6 @@ class DestroyDefaultGroup(unittest.TestCase):
         self.assertEqual(self.destroy(exits_after_test=False), [])
 
 
-
 class LauncherEnvironment(unittest.TestCase):
     def test_torchruns_worker_variables_for_one_machine(self) -> None:
         self.assertEqual(rank.launcher_environment(1, 4, 29511), {

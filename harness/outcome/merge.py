@@ -13,7 +13,12 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from harness.outcome import stacks
-from harness.outcome.collective_trace import collectives_section, disagreement, waiting_in
+from harness.outcome.collective_trace import (
+    DEFAULT_GROUP,
+    collectives_section,
+    disagreement,
+    waiting_in,
+)
 from harness.outcome.fold import fold
 from harness.outcome.rank_record import RankRecord, raised_in_rank
 from harness.outcome.report import (
@@ -141,8 +146,10 @@ def own_outcome(
         problems = ordered_problems(failing, exit_accepted)
         collectives = ranks_collectives(running)
         first, blamed = hung_first(running)
-        left = left_while_waiting(records, exit_accepted)
-        if left is not None:  # a rank that ended the test alone is what the others wait for
+        # a rank still running outside every collective is what the others wait for; else a
+        # rank that ended the test alone
+        left = None if blamed else left_while_waiting(records, exit_accepted)
+        if left is not None:
             head = f"{left.head}; {head}"
         elif blamed:
             head += f"; rank {first.rank} hung first (in no collective, the others wait in one)"
@@ -240,6 +247,7 @@ def merge_subtests(records: List[RankRecord]) -> List[PointReport]:
 def problems_of_all(
     failing: List[RankRecord], exit_accepted: Optional[ExitAccepted] = None
 ) -> List[Problem]:
+    """Every problem of the failing ranks, as they are (consequences not reordered)."""
     return [p for r in failing for p in problems_of(r, exit_accepted)]
 
 
@@ -256,7 +264,8 @@ def left_while_waiting(
     if not gone or not behind:
         return None
     waits = [(r, waiting_in(r.collectives)) for r in behind if r.collectives]
-    known = [(r, call) for r, call in waits if call is not None]
+    # on the default group every rank takes part; a subgroup's members are not known here
+    known = [(r, call) for r, call in waits if call is not None and call.group == DEFAULT_GROUP]
     if known:
         peer, call = known[0]
         where_it_waits = f"waits in {call.describe(with_group=False)}"

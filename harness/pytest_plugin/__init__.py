@@ -154,6 +154,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) 
                 forkserver.warm_up(item.module.__name__)  # type: ignore[attr-defined]
         except devices.HarnessConfigError:
             pass  # the test itself reports it
+        except (EOFError, OSError):
+            pass  # a forkserver that died starting: the test starts one and fails with its log
     return (yield)
 
 

@@ -75,8 +75,8 @@ class FunctionCall:
     rank_tmp_base: Optional[str] = None  # `rank_tmp_path` is <base>/rank<N>
     sizes: Tuple[int, ...] = ()  # DistributedTest: the world sizes run in turn in one test
     skip_leak_checks: Tuple[str, ...] = ()  # shared ranks: the leak checks the test waives
-    # rank_pool.run: `fn(rank, world_size, *pool_args, **values)`, each rank's return value
-    # pickled into <result_dir>/rank<N>.pkl for the parent
+    # a RankPool call: `fn(rank, world_size, *pool_args, **values)` (fn: pool.py's `_in_rank`),
+    # each rank's pickled value left in <result_dir>/rank<N>.pkl for the parent
     pool_args: Optional[Tuple[Any, ...]] = None
     result_dir: Optional[str] = None
 

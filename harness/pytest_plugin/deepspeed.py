@@ -67,7 +67,7 @@ def _names(value: Any) -> Any:
     """A class attribute of one name or several, as the marker takes it (a tuple)."""
     if isinstance(value, str):
         return (value,)
-    return tuple(value) if isinstance(value, list) else value
+    return tuple(value) if isinstance(value, (list, set, frozenset)) else value
 
 
 @pytest.fixture(scope="class")

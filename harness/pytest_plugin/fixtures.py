@@ -137,11 +137,14 @@ def rank_fixture(
                 "by module and name, so define it at module level (or in a conftest.py)"
             )
         argnames = tuple(inspect.signature(fn).parameters)
-        _FUNCTIONS[(fn.__module__, fixture_name)] = fn
+        function: Callable[..., Any] = fn
+        if "." in fn.__qualname__ and argnames[:1] == ("self",):  # a fixture method of a class:
+            argnames, function = argnames[1:], functools.partial(fn, None)  # no instance there
+        _FUNCTIONS[(fn.__module__, fixture_name)] = function
         ref = FixtureRef(fn.__module__, fixture_name, scope, argnames, fn.__code__.co_filename)
 
-        if autouse:
-            def autouse_in_pytest_process(request: pytest.FixtureRequest) -> Any:
+        if autouse:  # `_bound`: the test class's instance, where pytest binds it as a method
+            def autouse_in_pytest_process(*_bound: Any, request: pytest.FixtureRequest) -> Any:
                 return _autouse_in_pytest_process(ref, request)
 
             return pytest.fixture(name=fixture_name, autouse=True)(  # type: ignore[return-value]
@@ -164,11 +167,16 @@ def _autouse_in_pytest_process(ref: FixtureRef, request: pytest.FixtureRequest) 
     aside)."""
     if request.node.stash.get(RANKS, None) is None:
         return None
-    resolved = tuple(
-        (name, request.getfixturevalue(name)) for name in ref.argnames
-        if name not in IN_RANK_BUILTINS and name != "request"
-    )
-    return dataclasses.replace(ref, resolved=resolved)
+    resolved: Dict[str, Any] = {}
+    todo = list(ref.argnames)
+    while todo:  # what it asks for, and what the rank fixtures it asks for ask for
+        name = todo.pop(0)
+        if name in resolved or name in IN_RANK_BUILTINS or name == "request":
+            continue
+        resolved[name] = value = request.getfixturevalue(name)
+        if isinstance(value, FixtureRef):
+            todo.extend(value.argnames)
+    return dataclasses.replace(ref, resolved=tuple(resolved.items()))
 
 
 def rank_fixture_function(module: str, name: str, path: Optional[str] = None) -> Callable[..., Any]:

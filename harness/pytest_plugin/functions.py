@@ -254,8 +254,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Optional[bool]:
         if raised is error:
             raise
         raise raised from None
-    finally:
-        pyfuncitem.stash[stash.RECORDS] = records
+    finally:  # after what a pool fixture's calls left there during set-up
+        pyfuncitem.stash.setdefault(stash.RECORDS, []).extend(records)
     return True
 
 

@@ -92,11 +92,16 @@ def check(ranks: Ranks, what: str = "@pytest.mark.ranks") -> None:
         if not isinstance(getattr(ranks, name), bool):
             raise MarkerError(f"{what}: {name} must be True or False")
     known = LEAK_CHECKS + OPT_IN_LEAK_CHECKS
-    unknown = [n for n in tuple(ranks.skip_leak_checks) if n not in known]
-    if unknown or not isinstance(ranks.skip_leak_checks, (tuple, list)):
+    skipped = ranks.skip_leak_checks
+    if not isinstance(skipped, (tuple, list)) or not all(isinstance(n, str) for n in skipped):
         raise MarkerError(
-            f"{what}: skip_leak_checks: unknown check {(unknown or [ranks.skip_leak_checks])[0]!r} "
-            f"(known: {', '.join(known)})"
+            f"{what}: skip_leak_checks must be a tuple of check names such as ('environ',), "
+            f"got {skipped!r}"
+        )
+    unknown = [name for name in skipped if name not in known]
+    if unknown:
+        raise MarkerError(
+            f"{what}: skip_leak_checks: unknown check {unknown[0]!r} (known: {', '.join(known)})"
         )
 
 

@@ -311,7 +311,7 @@ class RankPool:
             values = []
             for rank in range(world_size):
                 with open(result_path(result_dir, rank), "rb") as f:
-                    values.append(pickle.loads(pickle.load(f)))
+                    values.append(pickle.loads(f.read()))
             return values
         finally:
             shutil.rmtree(result_dir, ignore_errors=True)
