@@ -152,12 +152,15 @@ class SnapshotTest(unittest.TestCase):
                                      ["environ", "threads"])
         self.assertTrue(message.endswith('(skip_leak_checks=("environ", "threads") waives them)'))
 
-    def test_leaked_checks_names_the_checks_that_found_something(self) -> None:
+    def test_the_leak_event_names_the_checks_that_found_something(self) -> None:
         before = leaks.snapshot(["grad_mode", "environ"])
         with mock.patch.dict(os.environ, {"ADDED": "1"}):
-            self.assertEqual(
-                leaks.leaked_checks(before, leaks.snapshot(["grad_mode", "environ"])), ["environ"]
-            )
+            event = leaks.leak_event("test_x", before, leaks.snapshot(["grad_mode", "environ"]))
+        assert event is not None
+        self.assertEqual(event.text, 'test_x left ADDED in os.environ '
+                                     '(skip_leak_checks=("environ",) waives it)\n')
+        self.assertEqual(event.status, leaks.LEAK_STATUS)
+        self.assertIsNone(leaks.leak_event("test_x", before, before))
 
     def test_snapshot_is_cheap(self) -> None:
         checks = sorted(leaks.CHECKS)

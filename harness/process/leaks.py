@@ -226,11 +226,6 @@ def leaks(before: Snapshot, after: Snapshot) -> List[str]:
     return [phrase for _, phrases in _differences(before, after) for phrase in phrases]
 
 
-def leaked_checks(before: Snapshot, after: Snapshot) -> List[str]:
-    """The names of the checks that found a difference (what `skip_leak_checks` waives)."""
-    return [name for name, phrases in _differences(before, after) if phrases]
-
-
 def leak_message(test: str, found: List[str], checks: Collection[str] = ()) -> str:
     """One line naming each leak and the option that waives it: `test_x left LEAKED_VAR in
     os.environ; 1 process group not destroyed (skip_leak_checks=("environ",
@@ -245,10 +240,16 @@ def leak_message(test: str, found: List[str], checks: Collection[str] = ()) -> s
 LEAK_STATUS = "leak"  # the status of the failure event that reports leaks
 
 
-def leak_event(test: str, found: List[str], checks: Collection[str] = ()) -> Event:
-    """The failure a rank reports for a test that leaked (marked, so the parent retires the
-    ranks)."""
-    return Event("failure", f"{leak_message(test, found, checks)}\n", status=LEAK_STATUS)
+def leak_event(test: str, before: Snapshot, after: Snapshot) -> Optional[Event]:
+    """The failure a rank reports for a test that left state behind (marked, so the parent
+    retires the ranks), naming each leak and the checks that waive them; None if it left
+    none."""
+    found = [(name, phrases) for name, phrases in _differences(before, after) if phrases]
+    if not found:
+        return None
+    phrases = [phrase for _, check_phrases in found for phrase in check_phrases]
+    message = leak_message(test, phrases, [name for name, _ in found])
+    return Event("failure", f"{message}\n", status=LEAK_STATUS)
 
 
 def leaked(records: List[RankRecord]) -> bool:
