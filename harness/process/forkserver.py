@@ -246,9 +246,7 @@ def _serve(listener_fd: int, alive_r: int, runner: int, log: str) -> None:
     (not the runner's handlers, nor the script's module as the runner left it), then
     multiprocessing's loop, then the exit a started one has (clean_up_when_orphaned). If it
     cannot get that far, why is in its log (`server_log`) for the test that needed it."""
-    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
+    os.close(mp_forkserver.stderr_into(log))  # nothing to restore: this is the server
     sys.stderr = open(2, "w", closefd=False)  # the process's own stderr, never closed
     try:
         _set_up_forked_server(runner)

@@ -109,15 +109,22 @@ def ensure_running(stderr_path: str) -> None:
                 return
         except ChildProcessError:
             pass
-    log = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    saved = os.dup(2)
-    os.dup2(log, 2)  # what the server inherits; this process's own stderr back at once
+    saved = stderr_into(stderr_path)  # what the server inherits; ours back at once
     try:
         SERVER.ensure_running()
     finally:
         os.dup2(saved, 2)
         os.close(saved)
-        os.close(log)
+
+
+def stderr_into(path: str) -> int:
+    """Point this process's stderr (fd 2) at `path`, emptied first: one server's output, not
+    an earlier one's. Returns a copy of what fd 2 was, for the caller to restore or close."""
+    saved = os.dup(2)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+    os.dup2(log, 2)
+    os.close(log)
+    return saved
 
 
 def can_fork() -> bool:

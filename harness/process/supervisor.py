@@ -111,6 +111,8 @@ class RankGroup:
                 process.start()
             except (EOFError, OSError) as error:
                 self._exit_if_missing_guard(cls, forkserver.stopped_for_missing_guard())
+                if devices.start_method() != "forkserver":
+                    raise  # a spawned rank's start: no forkserver, no log of one
                 raise forkserver.forkserver_error(error) from error
             finally:
                 writer.close()  # the rank holds the only write end: EOF once it exits
