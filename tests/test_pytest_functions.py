@@ -23,7 +23,7 @@ from typing import Dict, List, NamedTuple, Tuple
 
 import pytest
 
-from tests.fixtures import REPO
+from tests.fixtures import REPO, user_pytest_env
 
 USER_FILE = REPO / "tests" / "fixtures" / "ranked_functions.py"
 
@@ -101,9 +101,7 @@ def _run(*args: str, plugin: Tuple[str, ...] = ("-p", "harness.pytest_plugin"),
         os.mkdir(tmp)
         shutil.copy(USER_FILE, os.path.join(work, "test_user.py"))
         xml = os.path.join(work, "report.xml")
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "PYTEST_"))}
-        env.update(FUNCTIONS_OUT=out, TMPDIR=tmp, COLUMNS="200", PYTHONPATH=str(REPO),
-                   **env_extra)
+        env = user_pytest_env(FUNCTIONS_OUT=out, TMPDIR=tmp, COLUMNS="200", **env_extra)
         done = subprocess.run(
             [*launcher, "pytest", *plugin, "-p", "no:cacheprovider", "test_user.py", "-rA",
              f"--junitxml={xml}", f"--basetemp={os.path.join(work, 'base')}", *args],
@@ -399,8 +397,7 @@ def test_a_conftest_rank_fixture_under_import_mode_importlib(tmp_path: Path) -> 
     (tests / "test_weights.py").write_text(TEST_FILE)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "PYTEST_"))}
-    env["PYTHONPATH"] = str(REPO)
+    env = user_pytest_env()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
          "-q", "--import-mode=importlib", str(tests)],
@@ -413,8 +410,7 @@ def run_files(folder: Path, files: Dict[str, str]) -> str:
     """pytest's output (`-q -rE`) on these files, written into `folder`, as a user runs it."""
     for name, text in files.items():
         (folder / name).write_text(text)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "PYTEST_"))}
-    env["PYTHONPATH"] = str(REPO)
+    env = user_pytest_env()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
          "-q", "-rE"],

@@ -23,6 +23,7 @@ from typing import Dict, List
 import pytest
 
 import harness
+from tests.fixtures import user_pytest_env
 
 ROOT = Path(harness.__file__).resolve().parent.parent
 
@@ -119,7 +120,7 @@ def run_pytest(tmp_path: Path, *args: str, entry_point: bool = False) -> str:
             "[pytest11]\nharness.pytest_plugin = harness.pytest_plugin\n"
         )
         path.append(str(tmp_path / "site"))
-    env = _env(PYTHONPATH=os.pathsep.join(path), COLUMNS="300")
+    env = user_pytest_env(PYTHONPATH=os.pathsep.join(path), COLUMNS="300")
     plugin = [] if entry_point else ["-p", "harness.pytest_plugin"]
     command = [sys.executable, "-m", "pytest", *plugin, "-p", "no:cacheprovider",
                "test_user.py", *args]
@@ -127,12 +128,6 @@ def run_pytest(tmp_path: Path, *args: str, entry_point: bool = False) -> str:
         command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
     return done.stdout + done.stderr
-
-
-def _env(**extra: str) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "PYTEST_"))}
-    env.update(extra)
-    return env
 
 
 def failure_section(output: str, test: str) -> str:
@@ -222,7 +217,7 @@ def test_a_session_of_gpu_tests_on_a_cpu_machine_starts_no_forkserver(tmp_path: 
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
          "-q", "-rs", "test_gpu_only.py"],
-        cwd=tmp_path, env=_env(PYTHONPATH=str(ROOT), HARNESS_DEVICE="cpu"),
+        cwd=tmp_path, env=user_pytest_env(HARNESS_DEVICE="cpu"),
         capture_output=True, text=True, timeout=300,
     )
     assert "1 passed, 1 skipped" in done.stdout, done.stdout[-3000:]
@@ -254,7 +249,7 @@ def test_debug_rank_gets_the_terminal_for_breakpoint(tmp_path: Path) -> None:
                     breakpoint()
                 assert secret in (40, 41)
     '''))
-    env = _env(PYTHONPATH=str(ROOT), HARNESS_TIMEOUT="5")  # --debug-rank outlasts a timeout
+    env = user_pytest_env(HARNESS_TIMEOUT="5")  # --debug-rank outlasts a timeout
     command = [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin",
                "-p", "no:cacheprovider", "-q", "test_debug.py", "--debug-rank", "1"]
     seen = _in_terminal(command, tmp_path, env, after="(Pdb)", answers=["p secret", "c"])
@@ -346,7 +341,7 @@ def test_under_xdist_grid_points_with_any_params_reach_the_controller(tmp_path: 
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
          "-n", "1", "-rA", "test_grid.py"],
-        cwd=tmp_path, env=_env(PYTHONPATH=str(ROOT), COLUMNS="300"), capture_output=True,
+        cwd=tmp_path, env=user_pytest_env(COLUMNS="300"), capture_output=True,
         text=True, timeout=600,
     )
     out = done.stdout + done.stderr

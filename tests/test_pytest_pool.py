@@ -9,7 +9,6 @@ with helpers), its outcome read from the output and what the ranks left in $POOL
 from __future__ import annotations
 
 import functools
-import os
 import re
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import torch
 import harness
 from harness.pytest_plugin import pool
 from harness.pytest_plugin.pool import RankPool
-from tests.fixtures import REPO
+from tests.fixtures import user_pytest_env
 
 
 def module_level(rank: int, world_size: int, *args: object, **kwargs: object) -> int:
@@ -319,8 +318,7 @@ def run_session(folder: Path, files: Dict[str, str]) -> Session:
         (folder / name).write_text(text)
     out = folder / "out"
     out.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "PYTEST_"))}
-    env.update(PYTHONPATH=str(REPO), POOL_OUT=str(out), COLUMNS="200")
+    env = user_pytest_env(POOL_OUT=str(out), COLUMNS="200")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
          "-q", "-rfE"],

@@ -15,7 +15,6 @@ it); the recipe's `import deepspeed` lines are pointed at it.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from typing import Dict, List, NamedTuple
 import pytest
 
 import harness
-from tests.fixtures import REPO
+from tests.fixtures import REPO, user_pytest_env
 
 RECIPES = REPO / "docs" / "recipes.md"
 BLOCK = re.compile(r"^```python\n# recipe: (?P<path>\S+)\n(?P<body>.*?)^```$", re.M | re.S)
@@ -92,8 +91,7 @@ def run_recipe(folder: Path, files: Dict[str, str], *extra: str) -> Run:
     """pytest's run of these files, written into `folder` and run there as a user runs them."""
     for name, text in files.items():
         (folder / name).write_text(text)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HARNESS_", "PYTEST_"))}
-    env["PYTHONPATH"] = str(REPO)
+    env = user_pytest_env()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
          "-q", "-rfEs", *extra],
