@@ -94,8 +94,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Name the collected modules pytest rewrote, for the forkserver to rewrite them too;
-    then start the forkserver, if the tests need one."""
+    """Name the collected modules pytest rewrote, for the forkserver to rewrite them too; end
+    the session if a module ran its tests when pytest imported it (a missing main guard).
+    The forkserver itself starts with the run loop (below)."""
     modules = {getattr(item, "module", None) for item in session.items}
     config = session.config
     assert_rewrite.rewrite_in_ranks(
