@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 PRIVATE = "torch.testing._internal"
-# The upstream modules the harness stands in for (DESIGN.md). Only names imported from these
+# The upstream modules the harness stands in for (docs/design.md). Only names imported from these
 # move: a same-named thing elsewhere (`with_comms` of `distributed._shard.sharded_tensor`)
 # is a different thing.
 MIRRORED = frozenset(f"{PRIVATE}.{module}" for module in (
