@@ -20,7 +20,7 @@ to round, so machine load falls on all alike), N tests each:
            is a fork of the pytest process, or imports the test file, so the ranks inherit the
            wrappers; harness/ itself is untouched): each wrapper appends `time.monotonic()`
            (one clock for all processes) to a log, which gives the breakdown by phase. In the
-           supervisor: run_in_ranks, RankGroup.start and .supervise, each rank's _launch; in
+           supervisor: run_on_ranks, RankGroup.start and .supervise, each rank's _launch; in
            a rank: multiprocessing's _bootstrap, _set_up_process, RankRun.run,
            FreshFunction.rank_set_up, init_group, call_in_rank, doCleanups, _leave. A
            function the probe cannot find (renamed) is reported, and its phases show "-".
@@ -51,7 +51,7 @@ from benchmarks import runs  # noqa: E402 - what the pytest-session benchmarks s
 
 TARGET_RATIO = 1.2  # fresh at most this times the floor
 PROBE_LOG_ENV = "BENCH_PHASE_LOG"
-AROUND = "pytest around the call (hooks, fixtures)"  # pytest's time outside run_in_ranks
+AROUND = "pytest around the call (hooks, fixtures)"  # pytest's time outside run_on_ranks
 PROBED_TEST = "probed test (pytest's time)"
 CLASS_LOG_ENV = "BENCH_CLASS_LOG"
 
@@ -265,7 +265,7 @@ def wrap(module, owner, name, before=None, after=None, on_enter=None):
 
 
 if LOG:
-    wrap("harness.pytest_plugin.functions", "", "run_in_ranks", "call_begin", "call_end",
+    wrap("harness.pytest_plugin.functions", "", "run_on_ranks", "call_begin", "call_end",
          on_enter=_supervising)
     wrap("harness.process.supervisor", "RankGroup", "start", "start_begin", "start_end")
     wrap("harness.process.supervisor", "RankGroup", "supervise", "supervise_begin",
@@ -273,10 +273,10 @@ if LOG:
     wrap("harness.process.rank", "", "_set_up_process", "first_line", "process_ready",
          on_enter=_in_rank)
     wrap("harness.process.rank", "RankRun", "run", "run_begin")
-    wrap("harness.pytest_plugin.case", "FreshFunction", "rank_set_up", "set_up_begin",
+    wrap("harness.pytest_plugin.rank_program", "FreshFunction", "rank_set_up", "set_up_begin",
          "set_up_end")
-    wrap("harness.pytest_plugin.case", "FunctionCase", "init_group", "init_begin", "init_end")
-    wrap("harness.pytest_plugin.case", "", "call_in_rank", "body_begin", "body_end")
+    wrap("harness.pytest_plugin.rank_program", "FunctionCase", "init_group", "init_begin", "init_end")
+    wrap("harness.pytest_plugin.rank_program", "", "call_in_rank", "body_begin", "body_end")
     wrap("harness.process.case", "MultiProcessTestCase", "doCleanups", "cleanup_begin",
          "cleanup_end")
     wrap("harness.process.rank", "", "_leave", "leave")

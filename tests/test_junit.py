@@ -16,7 +16,7 @@ import time
 import unittest
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -87,20 +87,23 @@ def _canned_ranks() -> type:
     from harness.launch.case import RankedTestCase
     from harness.launch.launcher import Launcher
     from harness.outcome.rank_record import Event, RankRecord
+    from tests.fixtures.events import rank_failure
 
     traceback = ('Traceback (most recent call last):\n  File "/u/test_grid.py", line 9, in '
                  'test_grid\n    self.assertEqual(n, 1)\nAssertionError: 2 != 1\n')
 
     def ran(rank: int, second: str, text: str = "") -> RankRecord:
-        events = [Event("subtest", "", {"n": 1}, "pass"), Event("subtest", text, {"n": 2}, second),
-                  Event("success"), Event("done", count=2)]
+        point = (rank_failure(text, "subtest", second, {"n": 2}) if second == "fail"
+                 else Event("subtest", text, {"n": 2}, second))
+        events = [Event("subtest", "", {"n": 1}, "pass"), point, Event("success"),
+                  Event("done", count=2)]
         return RankRecord(rank=rank, events=events, exitcode=0)
 
     class Canned(Launcher):
-        def start(self, case: unittest.TestCase) -> None:
+        def start(self, job: Any) -> None:
             pass
 
-        def join(self, case: unittest.TestCase) -> tuple:
+        def join(self, job: Any) -> tuple:
             return [ran(0, "pass"), ran(1, "fail", traceback)], None
 
         def close(self) -> None:

@@ -18,9 +18,11 @@ from harness.devices import HarnessConfigError
 from harness.launch.case import SUPERVISOR_RANK, RankedTestCase, timeout_before
 from harness.launch.context import RankContext
 from harness.launch.in_process import SimulatedRanks, run_rank_here
+from harness.launch.job import Job
 from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import Event, RankRecord, RecordSink, ReportingResult
 from harness.skips import skip_if_lt_x_gpu
+from tests.fixtures.events import rank_failure
 
 CALLS: List[str] = []
 HARNESS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "harness")
@@ -32,11 +34,11 @@ class FakeRanks(Launcher):
     def __init__(self, records: List[RankRecord], timed_out_after: Optional[float]) -> None:
         self.records, self.timed_out_after = records, timed_out_after
 
-    def start(self, case: Any) -> RankSetup:
-        CALLS.append(f"start {case.world_size}")
+    def start(self, job: Job) -> RankSetup:
+        CALLS.append(f"start {job.world_size}")
         return RankSetup()
 
-    def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
+    def join(self, job: Job) -> Tuple[List[RankRecord], Optional[float]]:
         CALLS.append("join")
         return self.records, self.timed_out_after
 
@@ -87,7 +89,7 @@ class NewModeNeedsOnlyALauncher(unittest.TestCase):
         self.assertEqual(case.rank, SUPERVISOR_RANK)
 
     def test_a_failing_rank_fails_the_test_with_its_traceback(self) -> None:
-        result, _ = run([finished(0), finished(1, Event("failure", "Traceback\nValueError: x"))])
+        result, _ = run([finished(0), finished(1, rank_failure("Traceback\nValueError: x"))])
         self.assertEqual(len(result.failures), 1)
         self.assertIn("rank 1 raised:\nTraceback\nValueError: x", result.failures[0][1])
 
@@ -98,7 +100,7 @@ class NewModeNeedsOnlyALauncher(unittest.TestCase):
         self.assertIn("timed out after 7 s with rank 1 still running", result.errors[0][1])
 
     def test_grid_points_are_replayed_as_subtests(self) -> None:
-        point = Event("subtest", "Traceback\nAssertionError: p", {"x": 1}, "fail")
+        point = rank_failure("Traceback\nAssertionError: p", "subtest", "fail", {"x": 1})
         result, _ = run([finished(0, point), finished(1)])
         self.assertEqual(len(result.failures), 1)
         self.assertIn("(x=1)", str(result.failures[0][0]))
@@ -244,7 +246,7 @@ def simulated() -> type:
 
 class InProcess(unittest.TestCase):
     def test_run_rank_here_records_the_rank_of_a_second_instance(self) -> None:
-        record = run_rank_here(simulated()("test_grid"), 1, 3, init_method="x://")
+        record = run_rank_here(simulated()("test_grid").job(), 1, 3, init_method="x://")
         self.assertEqual(SEEN, [(os.getpid(), 1, 3)])
         self.assertEqual((record.rank, record.pid, record.grid_points), (1, os.getpid(), 2))
         self.assertEqual([(e.kind, e.params, e.status) for e in record.events[:2]],
@@ -265,7 +267,7 @@ class InProcess(unittest.TestCase):
             def attach_rank(self, context: RankContext) -> None:
                 raise RuntimeError("no rank for me")
 
-        record = run_rank_here(Refuses("test_grid"), 0, 1)
+        record = run_rank_here(Refuses("test_grid").job(), 0, 1)
         self.assertEqual([e.kind for e in record.events], ["failure", "done"])
         self.assertIn("RuntimeError: no rank for me", record.events[0].text)
 

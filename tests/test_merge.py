@@ -1,4 +1,4 @@
-"""harness.outcome.merge: every rank's record, turned into one outcome by DESIGN.md's rules.
+"""harness.outcome.merge: every rank's record, turned into one outcome by docs/design.md's rules.
 
 Records and events are built by hand, so each rule (pass, raise, signal, exit code, skip,
 timeout, failing grid point) is checked without starting a process.
@@ -14,6 +14,7 @@ from harness.outcome.merge import OUTPUT_TAIL_LINES, decide, merge_subtests, out
 from harness.outcome.rank_record import Event, RankRecord, signal_name
 from harness.outcome.report import Outcome, PointReport, RankReport, TestReport
 from harness.skips import TEST_SKIPS
+from tests.fixtures.events import rank_failure
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "t.py", line 3\nAssertionError: boom\n'
 
@@ -25,6 +26,8 @@ def done(rank: int, *events: Event, count: int = 0, **fields: Any) -> RankRecord
 
 
 def point(params: Dict[str, Any], status: str, text: str = "") -> Event:
+    if status == "fail":
+        return rank_failure(text, "subtest", status, params)
     return Event(kind="subtest", params=params, status=status, text=text)
 
 
@@ -35,7 +38,7 @@ class Decide(unittest.TestCase):
         self.assertEqual(verdict, TestReport("", own=Outcome("passed")))
 
     def test_rank_that_raises_fails_with_its_traceback(self) -> None:
-        records = [done(0, Event(kind="success")), done(1, Event(kind="failure", text=TRACEBACK))]
+        records = [done(0, Event(kind="success")), done(1, rank_failure(text=TRACEBACK))]
         verdict = decide(records, None)
         self.assertEqual(verdict.own.status, "failed")
         head, body = verdict.own.detail.split("\n\n", 1)
@@ -44,7 +47,7 @@ class Decide(unittest.TestCase):
         self.assertNotIn("rank 0", verdict.own.detail)
 
     def test_expected_failure_event_counts_as_raised(self) -> None:
-        records = [done(0, Event(kind="expected_failure", text="Traceback\nValueError: x"))]
+        records = [done(0, rank_failure(kind="expected_failure", text="Traceback\nValueError: x"))]
         self.assertEqual(
             decide(records, None).own.detail.splitlines()[0], "rank 0 raised: ValueError: x"
         )
@@ -69,7 +72,7 @@ class Decide(unittest.TestCase):
 
     def test_every_problem_of_every_rank_is_in_the_head(self) -> None:
         records = [
-            done(0, Event(kind="failure", text=TRACEBACK), exitcode=-6),
+            done(0, rank_failure(text=TRACEBACK), exitcode=-6),
             RankRecord(rank=1, exitcode=2),
         ]
         head = decide(records, None).own.detail.split("\n\n")[0]
@@ -120,7 +123,7 @@ class Decide(unittest.TestCase):
     def test_a_failing_rank_beats_a_skipping_rank(self) -> None:
         records = [
             RankRecord(rank=0, exitcode=TEST_SKIPS["generic"].exit_code),
-            done(1, Event(kind="failure", text=TRACEBACK)),
+            done(1, rank_failure(text=TRACEBACK)),
         ]
         verdict = decide(records, None)
         self.assertEqual(verdict.own.status, "failed")
@@ -150,7 +153,7 @@ class Decide(unittest.TestCase):
 
     def test_failure_report_ends_with_every_ranks_output(self) -> None:
         records = [
-            done(0, Event(kind="failure", text=TRACEBACK), output="hello\nworld\n"),
+            done(0, rank_failure(text=TRACEBACK), output="hello\nworld\n"),
             done(1, output=""),
             done(2, output="bye"),
         ]
@@ -193,7 +196,7 @@ class CauseFirst(unittest.TestCase):
 
     def test_crash_leads_and_the_peers_reset_is_a_labelled_consequence(self) -> None:
         records = [
-            done(0, Event(kind="failure", text=RESET), problem_at=1.0),
+            done(0, rank_failure(text=RESET), problem_at=1.0),
             RankRecord(rank=1, exitcode=-6, problem_at=2.0,
                        stack='  File "/u/test_x.py", line 6, in test_x'),
         ]
@@ -214,28 +217,28 @@ class CauseFirst(unittest.TestCase):
         self.assertEqual(lead.sections[0][0], "rank 0 raised as a consequence")
 
     def test_raised_error_leads_with_its_exception_line_and_frames(self) -> None:
-        records = [done(1, Event(kind="failure", text=USER_TB + "ValueError: bad\n"))]
+        records = [done(1, rank_failure(text=USER_TB + "ValueError: bad\n"))]
         lead = decide(records, None).lead
         self.assertEqual((lead.label, lead.message), ("rank 1", "ValueError: bad"))
         self.assertEqual([(f.filename, f.lineno, f.name) for f in lead.frames],
                          [("/u/test_x.py", 7, "test_x")])
 
     def test_the_lead_problem_keeps_its_phase(self) -> None:
-        set_up = Event(kind="failure", text=USER_TB + "ValueError: bad\n", status="error",
+        set_up = rank_failure(text=USER_TB + "ValueError: bad\n", status="error",
                        phase="setup")
         stopped = RankRecord(rank=0, stopped=True, stack=USER_TB)
         verdict = decide([stopped, done(1, set_up)], None)
         self.assertEqual((verdict.own.status, verdict.lead.phase), ("error", "setup"))
-        later = Event(kind="failure", text=TRACEBACK)  # raised in the test, after its set-up
+        later = rank_failure(text=TRACEBACK)  # raised in the test, after its set-up
         self.assertEqual(decide([done(1, later)], None).lead.phase, "")
 
     def test_a_teardown_error_is_alone_only_when_the_test_passed_in_every_rank(self) -> None:
-        torn = Event(kind="failure", text=USER_TB + "OSError: x\n", status="error",
+        torn = rank_failure(text=USER_TB + "OSError: x\n", status="error",
                      phase="teardown")
         self.assertEqual(decide([done(0), done(1, torn)], None).lead.phase, "teardown")
         stopped = RankRecord(rank=0, stopped=True, stack=USER_TB)  # still in its test
         self.assertEqual(decide([stopped, done(1, torn)], None).lead.phase, "")
-        failed = done(0, Event(kind="failure", text=TRACEBACK), problem_at=2.0)
+        failed = done(0, rank_failure(text=TRACEBACK), problem_at=2.0)
         records = [failed, done(1, torn, problem_at=1.0)]  # the teardown error seen first
         verdict = decide(records, None)
         self.assertEqual((verdict.lead.label, verdict.lead.phase), ("rank 1", ""))
@@ -296,7 +299,7 @@ class CauseFirst(unittest.TestCase):
         self.assertTrue(decide(records, 5.0).own.detail.startswith("timed out after 5 s"))
 
     def test_a_peers_broken_connection_is_the_consequence_of_its_leaving(self) -> None:
-        closed = Event(kind="failure", status="error", text=(
+        closed = rank_failure(status="error", text=(
             'Traceback (most recent call last):\n  File "/u/t.py", line 9, in test_x\n'
             "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:123\n"))
         records = [done(0, closed, exitcode=0, problem_at=1.0), done(1, exitcode=0)]
@@ -354,7 +357,7 @@ class MergeSubtests(unittest.TestCase):
         self.assertEqual(merge_subtests(one_skip), [PointReport({"p": 0}, "passed")])
 
     def test_non_subtest_events_are_ignored(self) -> None:
-        records = [done(0, Event(kind="failure", text="x"), Event(kind="success"))]
+        records = [done(0, rank_failure(text="x"), Event(kind="success"))]
         self.assertEqual(merge_subtests(records), [])
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from harness.outcome.rank_record import Event, RankRecord
 from harness.pytest_marks import honour_pytest_marks, verdict
+from tests.fixtures.events import rank_failure
 from tests.test_launcher import faked
 
 
@@ -125,7 +126,7 @@ class ReportTaker(unittest.TestResult):
 
 def test_a_multi_rank_test_expected_to_fail_is_no_failure_of_the_run() -> None:
     failing = [RankRecord(0, events=[Event("done")], exitcode=0),
-               RankRecord(1, events=[Event("failure", "Traceback\nAssertionError: x"),
+               RankRecord(1, events=[rank_failure("Traceback\nAssertionError: x"),
                                      Event("done")], exitcode=0)]
     cls = faked(records=failing)
     cls.test_body.pytestmark = [pytest.mark.xfail(reason="rank 1 fails")]  # type: ignore[attr-defined]

@@ -23,6 +23,7 @@ from harness.outcome.rank_record import (
 )
 from harness.outcome.report import Shown
 from harness.skips import TEST_SKIPS
+from tests.fixtures.events import rank_failure
 
 
 def done(rank: int, *events: Event) -> RankRecord:
@@ -65,7 +66,7 @@ class JsonRoundTrip(unittest.TestCase):
     def test_every_field_survives(self) -> None:
         record = RankRecord(
             rank=1, pid=42, exitcode=-11, stopped=True, output="out\n", stack="stack",
-            events=[Event("success"), Event("failure", "tb"), Event("done", count=3)],
+            events=[Event("success"), rank_failure("tb"), Event("done", count=3)],
             collectives=[
                 CollectiveCall("all_reduce", "the default group", 7, ("float32[4]",), False),
                 CollectiveCall("barrier", "group 1", 2, (), True),
@@ -135,10 +136,11 @@ class Reporting(unittest.TestCase):
                 raise FixtureError("setup", "setup of test_x failed") from error
 
         event, = self.run_case(body).events
-        self.assertEqual((event.kind, event.status, event.phase), ("failure", "error", "setup"))
+        self.assertEqual((event.kind, event.status, event.failure.phase),
+                         ("failure", "error", "setup"))
         self.assertTrue(event.text.rstrip().endswith("ValueError: no data"), event.text)
         self.assertNotIn("FixtureError", event.text)  # the cause is the report, not its wrapper
-        self.assertEqual(self.run_case(lambda self: 1 / 0).events[0].phase, "")
+        self.assertEqual(self.run_case(lambda self: 1 / 0).events[0].failure.phase, "")
 
     def test_exit_with_a_skip_code_is_a_skip(self) -> None:
         def body(case: unittest.TestCase) -> None:
@@ -161,7 +163,7 @@ class Reporting(unittest.TestCase):
     def test_sink_of_a_stopped_rank_keeps_only_done(self) -> None:
         record = RankRecord(rank=0, stopped=True)
         sink = RecordSink(record)
-        sink.send(Event("failure", "fallout"))
+        sink.send(rank_failure("fallout"))
         sink.send(Event("done"))
         self.assertEqual(record.events, [Event("done")])
         self.assertFalse(sink.failed)

@@ -210,9 +210,9 @@ class TestTorchrunHere(unittest.TestCase):
     def test_a_single_rank_runs_here_and_leaves_no_group(self) -> None:
         with mock.patch.dict(os.environ, self.env()):
             launcher = torchrun_launcher.TorchrunLauncher(torchrun_launcher.this_run())
-            case = _rank_cases()[0]("test_group")
-            launcher.start(case)
-            records, timed_out = launcher.join(case)
+            job = _rank_cases()[0]("test_group").job()
+            launcher.start(job)
+            records, timed_out = launcher.join(job)
             launcher.close()
         self.assertIsNone(timed_out)
         self.assertEqual([(r.rank, r.pid) for r in records], [(0, os.getpid())])

@@ -23,6 +23,7 @@ from typing import Any, FrozenSet, List, Optional, Tuple
 
 from harness import devices
 from harness.launch.context import RankContext
+from harness.launch.job import Job
 from harness.launch.launcher import Launcher, RankSetup
 from harness.launch.routing import route_test_method
 from harness.outcome.fold import hand_report
@@ -87,6 +88,7 @@ class RankedTestCase(TestCase):
         self.rank_records: List[RankRecord] = []
         self.ranks_timed_out_after: Optional[float] = None  # with rank_records: the timeout hit
         self._launcher: Optional[Launcher] = None
+        self._job: Optional[Job] = None  # what the launcher runs, once the ranks started
         self._result: Any = None  # the result this run reports to (see `run`)
         self._exited_early = False  # in a rank: its test method called sys.exit(0)
         self._settings_fixed = False  # the supervisor checked the settings, fixed the world size
@@ -136,12 +138,29 @@ class RankedTestCase(TestCase):
         # Also when a subclass's setUp fails after this; after the test's tearDown and the
         # cleanups it added later (they may still read `self.file_name`, as upstream's do).
         self.addCleanup(launcher.close)
+        self._job = self.job()
         try:
-            setup = launcher.start(self)
+            setup = launcher.start(self._job)
         except BaseException:
             launcher.close()
             raise
         self.describe_run(setup)
+
+    def job(self) -> Job:
+        """This test as its launcher runs it: the class, found in each rank by name, runs
+        `self._testMethodName` there."""
+        cls = type(self)
+        return Job(
+            test_id=self.id(), module=cls.__module__, qualname=cls.__qualname__,
+            method=self._testMethodName, world_size=self.world_size,
+            timeout=devices.test_timeout(self), inputs=self.rank_inputs(),
+            shared_key=self.shared_ranks_key(), fake_pg=bool(getattr(cls, "fake_pg", False)),
+            local_class=cls,
+        )
+
+    def shared_ranks_key(self) -> Any:
+        """Which set of shared ranks runs this test; None: ranks of its own."""
+        return None
 
     def reported_name(self) -> str:
         """The test's name in what a rank reports about it (a leak): its method's."""
@@ -165,11 +184,11 @@ class RankedTestCase(TestCase):
         """The supervisor's test method: start the ranks unless setUp did, wait for them,
         report their verdict."""
         self.start_ranks()
-        launcher = self._launcher
-        assert launcher is not None
+        launcher, job = self._launcher, self._job
+        assert launcher is not None and job is not None
         self._meet_deadline()
         try:
-            records, timed_out_after = launcher.join(self)
+            records, timed_out_after = launcher.join(job.with_timeout(devices.test_timeout(self)))
         except BaseException:  # KeyboardInterrupt too: nothing a test started outlives it
             launcher.close()
             raise

@@ -15,6 +15,7 @@ import time
 from typing import Any, List, Optional, Tuple
 
 from harness.launch.context import RankContext
+from harness.launch.job import Job
 from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import (
     Event,
@@ -26,21 +27,21 @@ from harness.outcome.rank_record import (
 
 
 def run_rank_here(
-    case: Any, rank: int, world_size: int, record: Optional[RankRecord] = None, **context: Any
+    job: Job, rank: int, world_size: int, record: Optional[RankRecord] = None, **context: Any
 ) -> RankRecord:
-    """Run `case`'s test as rank `rank` of `world_size` in this process; its record (`record`,
-    when the caller watches it while the test runs).
+    """Run `job` as rank `rank` of `world_size` in this process; its record (`record`, when
+    the caller watches it while the test runs).
 
     `context` are further RankContext fields (init_method, grid_sync, ...).
     """
     if record is None:
         record = RankRecord(rank, pid=os.getpid())
     sink = RecordSink(record)
-    context.setdefault("inputs", case.rank_inputs())
+    context.setdefault("inputs", job.inputs)
     rank_context = RankContext(rank, world_size, ReportingResult(sink), **context)
     started = time.monotonic()
     try:
-        rank_case = type(case)(case._testMethodName)
+        rank_case = job.program()(job.method)
         rank_case.attach_rank(rank_context)
     except Exception:
         sink.send(failure_event(sys.exc_info()))
@@ -55,12 +56,12 @@ class SimulatedRanks(Launcher):
     """All ranks simulated by one instance of the test in this process (LocalTensor): it runs
     once, here, when the supervising case joins; nothing starts before, nothing is left."""
 
-    def start(self, case: Any) -> RankSetup:
+    def start(self, job: Job) -> RankSetup:
         """Nothing to start: the ranks are simulated when the test runs."""
         return RankSetup()
 
-    def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
-        return [run_rank_here(case, 0, case.world_size)], None
+    def join(self, job: Job) -> Tuple[List[RankRecord], Optional[float]]:
+        return [run_rank_here(job, 0, job.world_size)], None
 
     def close(self) -> None:
         """Nothing outlives the test's own run."""

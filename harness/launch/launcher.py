@@ -1,26 +1,27 @@
 """The one interface every way of running ranks implements.
 
-A supervising case (harness/launch/case.py) does not know how its ranks run: it asks its
-launcher to `start` them in setUp, to `join` them in the test method, and to `close`
+A front end (a unittest class's supervising case, harness/launch/case.py; the pytest
+plugin, harness/pytest_plugin/run.py) does not know how its ranks run: it hands its launcher
+a Job (harness/launch/job.py), asks it to `start` the ranks, to `join` them, and to `close`
 whatever is left. Each mode (fresh processes, shared processes, threads, torchrun, ranks
 simulated in one process) is one Launcher; the verdict is the same for all of them, because
-they all hand back one RankRecord per rank. A launcher never writes into the case: `start`
-returns what it set up (`RankSetup`), and the case shows it as upstream's attributes.
+they all hand back one RankRecord per rank. A launcher never writes into its caller: `start`
+returns what it set up (`RankSetup`), and a unittest case shows it as upstream's attributes.
 """
 
 from __future__ import annotations
 
 import abc
-import unittest
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
+from harness.launch.job import Job
 from harness.outcome.rank_record import RankRecord
 
 
 @dataclass(frozen=True)
 class RankSetup:
-    """What a launcher's `start` set up, for the supervising case to describe its run by
+    """What a launcher's `start` set up, for a supervising case to describe its run by
     (`RankedTestCase.describe_run`: upstream's `file_name` and `processes`); the defaults where
     a mode has no rendezvous file or no processes of its own."""
 
@@ -32,14 +33,13 @@ class Launcher(abc.ABC):
     """Runs one test's ranks and reports what each did."""
 
     @abc.abstractmethod
-    def start(self, case: unittest.TestCase) -> RankSetup:
-        """Start the ranks running `case`'s test (called from the supervising case's setUp);
-        what was set up."""
+    def start(self, job: Job) -> RankSetup:
+        """Start the ranks running `job` (a unittest class: from its setUp); what was set up."""
 
     @abc.abstractmethod
-    def join(self, case: unittest.TestCase) -> Tuple[List[RankRecord], Optional[float]]:
-        """Wait for the ranks: every rank's record, and the timeout that stopped them (else
-        None)."""
+    def join(self, job: Job) -> Tuple[List[RankRecord], Optional[float]]:
+        """Wait for the ranks, at most `job.timeout` seconds: every rank's record, and the
+        timeout that stopped them (else None)."""
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -1,7 +1,7 @@
 """The one merge: every rank's RankRecord of a test, turned into that test's TestReport.
 
 Whatever mode ran the ranks (fresh or shared processes, threads, torchrun), `decide` applies
-DESIGN.md's rules (what counts as a failure, a skip or a timeout, and what the message
+docs/design.md's rules (what counts as a failure, a skip or a timeout, and what the message
 says), merges the grid points the ranks ran, and folds both into the test's one report
 (fold.py), which every reporter reads; replay.py reports it through unittest's API as the
 supervising case's own outcome. Kept free of process and thread handling so the rules can
@@ -10,7 +10,7 @@ be read, and tested, in one place.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from harness.outcome import stacks
 from harness.outcome.collective_trace import (
@@ -20,7 +20,7 @@ from harness.outcome.collective_trace import (
     waiting_in,
 )
 from harness.outcome.fold import fold
-from harness.outcome.rank_record import RankRecord, raised_in_rank
+from harness.outcome.rank_record import Event, RankRecord
 from harness.outcome.report import (
     ERROR,
     FAILED,
@@ -48,7 +48,9 @@ class Problem(NamedTuple):
     exception: str
     detail: str
     consequence: bool
-    phase: str = ""  # "setup"/"teardown": raised by the test's own fixtures (Event.phase)
+    phase: str = ""  # "setup"/"teardown": raised by the test's own fixtures (Failure.phase)
+    frames: Tuple[Frame, ...] = ()  # where it happened, the user's frames, oldest first
+    exc_class: Tuple[str, str] = ("", "")  # what it raised: (module, qualified name)
 
     def headline(self) -> str:
         if not self.exception:
@@ -78,32 +80,42 @@ CONSEQUENCE_MARKERS = (
 )
 
 
-def where(text: str) -> List[Frame]:
-    """The frames a report points at, from a traceback or stack: the user's, oldest first."""
-    return stacks.visible(stacks.frames_in(text))
+def stack_frames(stack: str) -> List[Frame]:
+    """The frames a stopped or crashed rank's stack shows (the supervisor formatted them from
+    faulthandler's dump: the one text the harness reads frames from), the user's, oldest
+    first."""
+    return stacks.visible(stacks.frames_in(stack))
 
 
-def is_consequence(text: str) -> bool:
-    """Whether a rank's traceback says it failed because a peer failed (or left) first."""
-    return any(marker in text for marker in CONSEQUENCE_MARKERS)
+def is_consequence(messages: Sequence[str]) -> bool:
+    """Whether a rank's exception (or one in its chain) says it failed because a peer failed
+    (or left) first."""
+    return any(marker in message for message in messages for marker in CONSEQUENCE_MARKERS)
 
 
 def problems_of(
     record: RankRecord, exit_accepted: Optional[ExitAccepted] = None
 ) -> List[Problem]:
-    """The record's problems, each split into head, exception line and detail."""
-    found = []
+    """The record's problems: each exception it raised (from its Failure), then its exit."""
+    found = [_raised_problem(record.rank, event) for event in record.raised()]
     crashed = record.exitcode is not None and record.exitcode < 0 and not record.stopped
-    phases = [e.phase for e in record.events if raised_in_rank(e)]  # the problems they begin
-    for index, text in enumerate(record.problems(exit_accepted)):
-        head, _, detail = text.partition("\n")
-        head = head.rstrip(":")
-        exception = stacks.exception_text(detail) if detail else ""
-        if crashed and not detail and head.startswith(f"rank {record.rank} died by signal"):
+    for head in record.exit_problems(exit_accepted):
+        detail, frames = "", ()
+        if crashed and head.startswith(f"rank {record.rank} died by signal"):
             detail = record.stack.strip("\n")  # the stack it crashed with, when it could tell
-        phase = phases[index] if index < len(phases) else ""
-        found.append(Problem(record.rank, head, exception, detail, is_consequence(detail), phase))
+            frames = tuple(stack_frames(detail))
+        found.append(Problem(record.rank, head, "", detail, False, frames=frames))
     return found
+
+
+def _raised_problem(rank: int, event: Event) -> Problem:
+    failure = event.failure
+    assert failure is not None, f"a rank's {event.kind} event without its Failure"
+    return Problem(
+        rank, f"rank {rank} raised", failure.exception, event.text.rstrip(),
+        is_consequence(failure.messages), failure.phase, tuple(stacks.visible(failure.frames)),
+        (failure.exc_module, failure.exc_qualname),
+    )
 
 
 def ordered_problems(
@@ -122,7 +134,7 @@ def decide(
     records: List[RankRecord], timed_out_after: Optional[float],
     exit_accepted: Optional[ExitAccepted] = None, test_id: str = "",
 ) -> TestReport:
-    """The test's report from every rank's record, by DESIGN.md's rules.
+    """The test's report from every rank's record, by docs/design.md's rules.
 
     `exit_accepted(rank, exitcode)` names exits the test expects (no problem then).
     """
@@ -159,7 +171,7 @@ def own_outcome(
         label = f"rank {left.rank}" if left else f"rank {first.rank}" if first else "timed out"
         lead = RankReport(
             label, head[len(label) + 1:] if left else head,
-            where(first.stack) if first and not left else [],
+            stack_frames(first.stack) if first and not left else [],
             [titled(collectives)]
             + [(f"stack of rank {r.rank}", stopped_stack(r)) for r in by_cause]
             + [p.section() for p in problems],
@@ -190,9 +202,9 @@ def own_outcome(
         lead = RankReport(
             f"rank {lead_problem.rank}",
             lead_problem.exception or lead_problem.head[len(f"rank {lead_problem.rank} "):],
-            where(lead_problem.detail),
+            list(lead_problem.frames),
             rest + [titled(s[1]) for s in sections if not s[0]] + stopped_parts,
-            phase=phase,
+            phase=phase, exc_class=lead_problem.exc_class,
         )
         message = report(head, sections + stopped_parts, records)
         # The rank named first decides, as unittest would in that rank: an exception other
@@ -221,20 +233,22 @@ def merge_subtests(records: List[RankRecord]) -> List[PointReport]:
             )
             point["ranks"] += 1
             if event.status == "fail":
-                point["failed"].append((record.rank, event.text))
+                point["failed"].append((record.rank, event))
             elif event.status == "skip":
                 point["skipped"].append(event.text)
     merged = []
     for point in points.values():
         if point["failed"]:
             text = "\n".join(
-                f"rank {rank} failed this grid point:\n{stacks.clean_traceback(tb)}"
-                for rank, tb in point["failed"]
+                f"rank {rank} failed this grid point:\n{stacks.clean_traceback(event.text)}"
+                for rank, event in point["failed"]
             )
             (rank, first), *others = point["failed"]
+            failure = first.failure
             lead = RankReport(
-                f"rank {rank}", stacks.exception_text(first), where(first),
-                [(f"rank {r} failed this grid point", tb) for r, tb in others],
+                f"rank {rank}", failure.exception, stacks.visible(failure.frames),
+                [(f"rank {r} failed this grid point", event.text) for r, event in others],
+                exc_class=(failure.exc_module, failure.exc_qualname),
             )
             merged.append(PointReport(point["params"], FAILED, text, "AssertionError", lead))
         elif len(point["skipped"]) == point["ranks"]:

@@ -15,12 +15,12 @@ import json
 import pickle
 import signal
 import time
-import traceback
 import unittest
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from harness.outcome.collective_trace import CollectiveCall
+from harness.outcome.failure import Failure
 from harness.outcome.report import Shown, params_from_json, params_to_json
 from harness.skip_codes import SKIP_BY_EXIT_CODE
 
@@ -30,13 +30,12 @@ ExcInfo = Tuple[Any, Any, Any]
 class Event(NamedTuple):
     """One report from a rank: what unittest told the rank's result object, made picklable.
 
-    kind: "success", "failure" (text: traceback; status "error" when the exception was not an
-    assertion's, as unittest tells errors from failures), "skip" (text: reason),
-    "expected_failure" (text: traceback), "unexpected_success", "subtest" (params, status
-    pass/fail/skip, text), "exit" (count: the code the test passed to sys.exit, upstream's
-    exit code of the rank), "done" (count: grid points the rank ran).
-    phase: for a failure raised by the test's own fixtures in the rank (a marked pytest
-    function's `@rank_fixture`s), "setup" or "teardown" (pytest's phases); else "".
+    kind: "success", "failure" (failure: what was raised, as data; status "error" when unittest
+    counts it an error, not a failed assertion), "skip" (text: reason), "expected_failure"
+    (failure), "unexpected_success", "subtest" (params, status pass/fail/skip; text: a skip's
+    reason; failure: a failed point's), "exit" (count: the code the test passed to sys.exit,
+    upstream's exit code of the rank), "done" (count: grid points the rank ran).
+    A failure's `text` is its `failure.text`, the traceback for display.
     """
 
     kind: str
@@ -44,7 +43,7 @@ class Event(NamedTuple):
     params: Optional[Dict[str, Any]] = None
     status: str = ""
     count: int = 0
-    phase: str = ""
+    failure: Optional[Failure] = None
 
 
 class FixtureError(Exception):
@@ -125,11 +124,18 @@ class RankRecord:
         `exit_accepted(rank, exitcode)` says which exits the test expects (upstream's
         `special_return_code_checks`, `skip_return_code_checks`): those are no problem.
         """
-        found = [
-            f"rank {self.rank} raised:\n{e.text.rstrip()}"
-            for e in self.events
-            if raised_in_rank(e)
-        ]
+        raised = [f"rank {self.rank} raised:\n{e.text.rstrip()}" for e in self.raised()]
+        return raised + self.exit_problems(exit_accepted)
+
+    def raised(self) -> List[Event]:
+        """The events of the exceptions the test raised in this rank, in order."""
+        return [e for e in self.events if raised_in_rank(e)]
+
+    def exit_problems(
+        self, exit_accepted: Optional[Callable[[int, int], bool]] = None
+    ) -> List[str]:
+        """The ways this rank failed other than by raising: its exit, a signal (one line each)."""
+        found: List[str] = []
         code = self.test_exit_code()
         if code is not None:  # the test ended with sys.exit(code): the process's exit, upstream
             if exit_accepted is None or not exit_accepted(self.rank, code):
@@ -196,30 +202,37 @@ def _event_to_json(event: Event) -> Dict[str, Any]:
     data = event._asdict()
     if event.params is not None:
         data["params"] = params_to_json(event.params)
+    if event.failure is not None:
+        data["failure"] = event.failure.to_data()
     return data
 
 
 def _event_from_json(data: Dict[str, Any]) -> Event:
-    params = data.get("params")
+    params, failure = data.get("params"), data.get("failure")
     if params is not None:
         data = {**data, "params": params_from_json(params)}
+    if failure is not None:
+        data = {**data, "failure": Failure.from_data(failure)}
     return Event(**data)
 
 
-def format_error(exc_info: ExcInfo) -> str:
-    """The traceback as text, without the leading unittest/harness frames (as unittest does)."""
-    exctype, value, tb = exc_info
-    while tb is not None and "__unittest" in tb.tb_frame.f_globals:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(exctype, value, tb))
+def raised_event(
+    exc_info: ExcInfo, kind: str = "failure", status: Optional[str] = None, phase: str = "",
+    params: Optional[Dict[str, Any]] = None,
+) -> Event:
+    """THE one place a rank's exception becomes its event: the Failure, built here from the
+    live exception, and its text. `status` "error" unless the exception is an assertion's
+    (unittest's distinction), where the caller does not say."""
+    failure = Failure.from_exc_info(exc_info, phase)
+    if status is None:
+        status = "" if failure.is_assertion else "error"
+    return Event(kind, failure.text, params, status, failure=failure)
 
 
 def failure_event(exc_info: ExcInfo) -> Event:
     """An exception a rank raised outside unittest's own handling, as its event: an
     AssertionError is a failure, anything else an error (unittest's distinction)."""
-    exctype = exc_info[0]
-    status = "" if exctype is not None and issubclass(exctype, AssertionError) else "error"
-    return Event("failure", format_error(exc_info), status=status)
+    return raised_event(exc_info)
 
 
 def raised_in_rank(event: Event) -> bool:
@@ -266,7 +279,7 @@ class ReportingResult(unittest.TestResult):
 
     def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
         self.failed = True
-        self._sink.send(Event("failure", format_error(err)))
+        self._sink.send(raised_event(err, status=""))
 
     def addError(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
         skip = skip_exit_reason(err)
@@ -275,11 +288,11 @@ class ReportingResult(unittest.TestResult):
         elif isinstance(err[1], FixtureError) and err[1].__cause__ is not None:
             self.failed = True
             cause = err[1].__cause__
-            text = format_error((type(cause), cause, cause.__traceback__))
-            self._sink.send(Event("failure", text, status="error", phase=err[1].phase))
+            self._sink.send(raised_event((type(cause), cause, cause.__traceback__),
+                                         status="error", phase=err[1].phase))
         else:
             self.failed = True
-            self._sink.send(Event("failure", format_error(err), status="error"))
+            self._sink.send(raised_event(err, status="error"))
 
     def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
         if getattr(test, "test_case", None) is not None:  # a skipped grid point (subTest)
@@ -296,11 +309,11 @@ class ReportingResult(unittest.TestResult):
         if skip is not None:
             self._sink.send(Event("subtest", skip, params, "skip"))
         else:
-            self._sink.send(Event("subtest", format_error(err), params, "fail"))
+            self._sink.send(raised_event(err, "subtest", "fail", params=params))
 
     def addExpectedFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
         self.failed = True
-        self._sink.send(Event("expected_failure", format_error(err)))
+        self._sink.send(raised_event(err, "expected_failure", status=""))
 
     def addUnexpectedSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802
         self._sink.send(Event("unexpected_success"))

@@ -61,19 +61,21 @@ class RankReport(NamedTuple):
     frames: List[Frame]
     sections: List[Tuple[str, str]]
     hang: bool = False  # the test timed out: `frames` are where the rank waits
-    phase: str = ""  # "setup"/"teardown": in the test's own fixtures, in the rank (Event.phase)
+    phase: str = ""  # "setup"/"teardown": in the test's own fixtures, in the rank
+    # the lead rank's exception class (module, qualified name); empty when it raised none
+    exc_class: Tuple[str, str] = ("", "")
 
     def to_data(self) -> Dict[str, Any]:
         return {"label": self.label, "message": self.message,
                 "frames": [list(f) for f in self.frames],
                 "sections": [list(s) for s in self.sections], "hang": self.hang,
-                "phase": self.phase}
+                "phase": self.phase, "exc_class": list(self.exc_class)}
 
     @classmethod
     def from_data(cls, data: Dict[str, Any]) -> RankReport:
         return cls(data["label"], data["message"], [Frame(*f) for f in data["frames"]],
                    [(title, text) for title, text in data["sections"]], data["hang"],
-                   data["phase"])
+                   data["phase"], tuple(data["exc_class"]))  # type: ignore[arg-type]
 
 
 class Outcome(NamedTuple):

@@ -52,9 +52,12 @@ _STARTERS = (
 
 
 class Frame(NamedTuple):
+    """One frame of a stack or traceback; `line`, its source line, where it was read."""
+
     filename: str
     lineno: int
     name: str
+    line: str = ""
 
 
 def is_hidden(filename: str) -> bool:

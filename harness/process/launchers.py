@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, List, Optional, Tuple
 
 from harness import devices
+from harness.launch.job import Job
 from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import RankRecord
 from harness.process import shared as shared_ranks
@@ -21,11 +22,11 @@ from harness.process import torchrun
 from harness.process.supervisor import RankGroup
 
 
-def _check_importable(case: Any) -> None:
+def _check_importable(job: Job) -> None:
     """Ranks re-create the test by importing its class: a local class is a config error."""
-    if "<locals>" in type(case).__qualname__:
+    if not job.importable:
         raise devices.HarnessConfigError(
-            f"{type(case).__qualname__} is defined inside a function: ranks re-create the "
+            f"{job.qualname} is defined inside a function: ranks re-create the "
             "test by importing its class, so define it at module level"
         )
 
@@ -40,18 +41,17 @@ class FreshProcesses(Launcher):
     def __init__(self) -> None:
         self._group: Optional[RankGroup] = None
 
-    def start(self, case: Any) -> RankSetup:
-        _check_importable(case)
-        group = RankGroup(case.world_size)
+    def start(self, job: Job) -> RankSetup:
+        _check_importable(job)
+        group = RankGroup(job.world_size)
         self._group = group
-        group.start(type(case), case._testMethodName, inputs=case.rank_inputs())
+        group.start(job)
         return RankSetup(group.file_name, group.processes)
 
-    def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
+    def join(self, job: Job) -> Tuple[List[RankRecord], Optional[float]]:
         group = self._group
         assert group is not None, "join before start"
-        timeout = devices.test_timeout(case)
-        return group.records, _timed_out_after(timeout, group.supervise(timeout))
+        return group.records, _timed_out_after(job.timeout, group.supervise(job.timeout))
 
     def finish(self) -> None:
         if self._group is not None:
@@ -71,20 +71,18 @@ class SharedProcesses(Launcher):
         self._sent_to: Optional[shared_ranks.SharedRanks] = None
         self._key: Any = None
 
-    def start(self, case: Any) -> RankSetup:
-        _check_importable(case)
-        key = case.shared_ranks_key()
-        ranks = shared_ranks.OPEN_RANKS.ranks_of(type(case), case.world_size, key)
-        setup = ranks.send_test(case)
-        self._sent_to, self._key = ranks, key
+    def start(self, job: Job) -> RankSetup:
+        _check_importable(job)
+        ranks = shared_ranks.OPEN_RANKS.ranks_of(job)
+        setup = ranks.send_test(job)
+        self._sent_to, self._key = ranks, job.shared_key
         return setup
 
-    def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
+    def join(self, job: Job) -> Tuple[List[RankRecord], Optional[float]]:
         ranks, self._sent_to = self._sent_to, None
         assert ranks is not None, "join before start"
-        timeout = devices.test_timeout(case)
-        records, timed_out = ranks.finish_test(case, timeout)
-        return records, _timed_out_after(timeout, timed_out)
+        records, timed_out = ranks.finish_test(job)
+        return records, _timed_out_after(job.timeout, timed_out)
 
     def close(self) -> None:
         """A test sent to the ranks but never joined (its setUp failed later) leaves them out

@@ -28,6 +28,7 @@ from typing import Any, Callable, Collection, Dict, FrozenSet, List, Optional, T
 import torch
 
 from harness.compat import distributed as compat_distributed
+from harness.outcome.failure import Failure
 from harness.outcome.rank_record import Event, RankRecord
 
 CHECKS: Tuple[str, ...] = (
@@ -249,7 +250,8 @@ def leak_event(test: str, before: Snapshot, after: Snapshot) -> Optional[Event]:
         return None
     phrases = [phrase for _, check_phrases in found for phrase in check_phrases]
     message = leak_message(test, phrases, [name for name, _ in found])
-    return Event("failure", f"{message}\n", status=LEAK_STATUS)
+    text = f"{message}\n"
+    return Event("failure", text, status=LEAK_STATUS, failure=Failure.of_message(text))
 
 
 def leaked(records: List[RankRecord]) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import gc
-import importlib
 import os
 import shutil
 import signal
@@ -39,6 +38,7 @@ from harness.compat import flight_recorder as compat_flight_recorder
 from harness.devices import DEBUG_RANK_ENV
 from harness.launch.context import RankContext
 from harness.launch.hooks import SharedRankHooks
+from harness.launch.job import Job
 from harness.outcome.rank_record import (
     Event,
     ReportingResult,
@@ -57,9 +57,7 @@ _PR_SET_PDEATHSIG = 1
 class RankSpec:
     """Everything a rank needs to re-create and run its test (picklable, sent at start)."""
 
-    module: str
-    qualname: str
-    method: str
+    job: Job  # what the rank runs (a shared rank: the job that started the set)
     rank: int
     world_size: int
     file_name: str
@@ -68,8 +66,6 @@ class RankSpec:
     temp_dir: str
     threads: int
     env: Dict[str, str]
-    fake_pg: bool = False  # upstream's `fake_pg` of the class: its ranks use the fake backend
-    inputs: Any = None  # what the supervising case sends with the test (RankContext.inputs)
     master_port: int = 0  # this set of ranks' own free port on loopback (launcher_environment)
 
 
@@ -108,13 +104,14 @@ def main(spec: RankSpec, channel: Connection) -> None:
     global _exits_after_test
     _exits_after_test = True
     _set_up_process(spec)
-    rank_run = RankRun(spec, spec.file_name, ReportingResult(channel), channel, spec.inputs)
+    job = spec.job
+    rank_run = RankRun(spec, spec.file_name, ReportingResult(channel), channel, job.inputs)
     try:
-        cls = load_class(spec.module, spec.qualname)
+        cls = job.program()
         # `fake_pg` only where the class asks for it: an override of `_run` written before
         # upstream added the argument (apex's, four parameters) runs as it did then.
-        extra = {"fake_pg": True} if spec.fake_pg else {}
-        cls._run(spec.rank, spec.method, spec.file_name, rank_run, **extra)
+        extra = {"fake_pg": True} if job.fake_pg else {}
+        cls._run(spec.rank, job.method, spec.file_name, rank_run, **extra)
     except SystemExit as exit_:
         if exit_.code not in (0, None):  # sys.exit(0) outside the test: the rank passed
             err = sys.exc_info()
@@ -188,7 +185,7 @@ def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
     checks: FrozenSet[str] = frozenset()
     setup_problem: Optional[Event] = None
     try:
-        cls = load_class(spec.module, spec.qualname)
+        cls = spec.job.program()
         checks = leaks.checks_for(cls)
         cls.shared_rank_start(spec.rank, spec.world_size, spec.file_name)
     except (Exception, SystemExit):
@@ -414,7 +411,7 @@ def _id_as_the_user_knows_it(spec: RankSpec, case: Any) -> str:
     """The test's id under the supervisor's module name (a rank imports a main script as
     `__mp_main__`, where the user ran `__main__`)."""
     test_id, module = case.id(), type(case).__module__
-    return spec.module + test_id[len(module):] if test_id.startswith(f"{module}.") else test_id
+    return spec.job.module + test_id[len(module):] if test_id.startswith(f"{module}.") else test_id
 
 
 _terminal: List[bool] = []  # non-empty once this rank has the terminal (`--debug-rank`)
@@ -454,19 +451,6 @@ def _prepare_process(spec: RankSpec) -> None:
     # Temp files of the test land in the test's private dir, removed even if the rank is killed.
     tempfile.tempdir = spec.temp_dir
     torch.set_num_threads(spec.threads)
-
-
-def load_class(module: str, qualname: str) -> Any:
-    """The test class the parent runs, found in this rank by its module and qualified name."""
-    target: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            raise LookupError(
-                f"test class {qualname} not found in module {module}: "
-                "multi-process test classes must be defined at module level"
-            )
-    return target
 
 
 def _skip_reason(err: Tuple[Any, Any, Any]) -> Optional[str]:

@@ -23,8 +23,9 @@ class's ranks itself.
 from __future__ import annotations
 
 import atexit
-from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
+from harness.launch.job import Job
 from harness.launch.launcher import RankSetup
 from harness.outcome.rank_record import RankRecord
 from harness.process import leaks
@@ -35,40 +36,41 @@ FINISH_GRACE_S = 5.0  # how long a set that is stopped may take to end itself (i
 
 
 class SharedRanks:
-    """One test class's rank processes, started lazily and replaced when broken."""
+    """One set of rank processes (a class's, a pytest module's), started lazily and replaced
+    when broken; `program` is what its ranks run: the job's (module, class)."""
 
-    def __init__(self, cls: type, world_size: int) -> None:
-        self.cls = cls
+    def __init__(self, program: Tuple[str, str], world_size: int) -> None:
+        self.program = program
         self.world_size = world_size
         self.group: Optional[RankGroup] = None
         self.starts = 0  # how many sets were started (a new one after each broken one)
         self._reused = False  # the current test went to ranks that ran an earlier one
 
-    def send_test(self, case: Any) -> RankSetup:
-        """Have the ranks start `case`'s test (starting them if there are none, or if they can
+    def send_test(self, job: Job) -> RankSetup:
+        """Have the ranks start `job`'s test (starting them if there are none, or if they can
         no longer be reached); `finish_test` collects it. Sent from the parent's setUp, so the
         ranks begin while the parent finishes setting up. Returns the test's rendezvous file
         and the ranks' processes, as the fresh mode's launcher does."""
         group = self.group
-        self._reused = group is not None and _send(group, case)
+        self._reused = group is not None and group.send_test(job)
         if not self._reused:
             self.close()
-            group = self._start(case)
-            _send(group, case)  # a rank gone: supervise says so
+            group = self._start(job)
+            group.send_test(job)  # a rank gone: supervise says so
         assert group is not None
         return RankSetup(group.test_file(), group.processes)
 
-    def finish_test(self, case: Any, timeout: float) -> Tuple[List[RankRecord], bool]:
-        """The test's records, and whether the timeout stopped the ranks."""
+    def finish_test(self, job: Job) -> Tuple[List[RankRecord], bool]:
+        """The test's records, and whether its timeout stopped the ranks."""
         group = self.group
         if group is None:
-            raise RuntimeError(f"{type(case).__name__}: the test was not sent to the ranks")
+            raise RuntimeError(f"{job.test_id}: the test was not sent to the ranks")
         if self._reused and not group.wait_ready(READY_TIMEOUT_S):
             self.close()  # a broken set: run the test on new ranks instead
-            group = self._start(case)
-            _send(group, case)
+            group = self._start(job)
+            group.send_test(job)
         try:
-            timed_out = group.supervise(timeout)
+            timed_out = group.supervise(job.timeout)
         except BaseException:  # KeyboardInterrupt, SIGTERM: no rank outlives the test
             self.close()
             raise
@@ -76,12 +78,12 @@ class SharedRanks:
             self.close()  # a leak: the next test must not meet what this one left
         return group.records, timed_out
 
-    def _start(self, case: Any) -> RankGroup:
+    def _start(self, job: Job) -> RankGroup:
         group = RankGroup(self.world_size)
         self.group = group
         self.starts += 1
         try:
-            group.start(self.cls, shared=True)
+            group.start(job, shared=True)
         except BaseException:
             self.close()
             raise
@@ -96,14 +98,9 @@ class SharedRanks:
             group.close(grace_s if group.intact() else 0.0)
 
 
-def _send(group: RankGroup, case: Any) -> bool:
-    """Send `case`'s test to the ranks; False if one can no longer be reached."""
-    return group.send_test(case._testMethodName, case.rank_inputs())
-
-
 class OpenRanks:
     """Every set of shared ranks in this process, by key: a shared-process class's own class,
-    a marked pytest function's (module, world size, device, ...) (harness/pytest_plugin/case.py).
+    a marked pytest function's (module, world size, device, ...) (harness/pytest_plugin/run.py).
 
     A set outlives each of its tests (each test is its own TestCase instance), so it is kept
     here, where its next test finds it. Three owners stop them: the class's tearDownClass or
@@ -116,12 +113,13 @@ class OpenRanks:
     def __init__(self) -> None:
         self._by_key: Dict[Hashable, SharedRanks] = {}
 
-    def ranks_of(self, cls: type, world_size: int, key: Hashable) -> SharedRanks:
-        """The shared ranks of `key` (none started until its first test runs), running `cls`."""
+    def ranks_of(self, job: Job) -> SharedRanks:
+        """The shared ranks of `job.shared_key` (none started until its first test runs)."""
+        key, program = job.shared_key, (job.module, job.qualname)
         ranks = self._by_key.get(key)
-        if ranks is None or ranks.world_size != world_size or ranks.cls is not cls:
+        if ranks is None or ranks.world_size != job.world_size or ranks.program != program:
             self.stop(key)
-            ranks = self._by_key[key] = SharedRanks(cls, world_size)
+            ranks = self._by_key[key] = SharedRanks(program, job.world_size)
         return ranks
 
     def stop(self, key: Hashable) -> None:

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Set
 
 from harness import devices, network
 from harness.launch.fail_fast import FailFast
+from harness.launch.job import Job
 from harness.outcome import collective_trace, stacks
 from harness.outcome.rank_record import RankRecord, fails_rank
 from harness.process import assert_rewrite, forkserver, mp_forkserver
@@ -76,7 +77,7 @@ class RankGroup:
         self._began = time.monotonic()  # when the current test was started or sent
         self._round_begun = False
         self._ready_for: Dict[int, int] = {}  # shared rank -> the test it last met the others for
-        self._class: type = object  # the test class whose ranks these are (set by start)
+        self._module = ""  # the module of the job whose ranks these are (set by start)
 
     def output_path(self, rank: int) -> str:
         """This rank's output file for the current test (the first one also has its start)."""
@@ -90,15 +91,15 @@ class RankGroup:
         """The current test's own rendezvous path (its grid synchronisation lives beside it)."""
         return os.path.join(self.work_dir, f"test{self.round}")
 
-    def start(self, cls: type, method: str = "", shared: bool = False, inputs: Any = None) -> None:
-        """Start the ranks of test class `cls`: fresh ones run its test `method` (with the
-        case's `inputs`); shared ones wait for `send_test`."""
-        context = forkserver.context(cls.__module__)
-        self._class = cls
+    def start(self, job: Job, shared: bool = False) -> None:
+        """Start the ranks of `job`: fresh ones run it; shared ones wait for `send_test`."""
+        context = forkserver.context(job.module)
+        self._module = job.module
         self._began = time.monotonic()
+        sent = job.for_processes()
         for record in self.records:
             reader, writer = context.Pipe(duplex=False)
-            args: tuple = (self._spec(cls, method, record.rank, inputs), writer)
+            args: tuple = (self._spec(sent, record.rank), writer)
             task_reader = None
             if shared:
                 task_reader, self._tasks[record.rank] = context.Pipe(duplex=False)
@@ -110,7 +111,7 @@ class RankGroup:
             try:
                 process.start()
             except (EOFError, OSError) as error:
-                self._exit_if_missing_guard(cls, forkserver.stopped_for_missing_guard())
+                self._exit_if_missing_guard(forkserver.stopped_for_missing_guard())
                 if devices.start_method() != "forkserver":
                     raise  # a spawned rank's start: no forkserver, no log of one
                 raise forkserver.forkserver_error(error) from error
@@ -122,18 +123,16 @@ class RankGroup:
             record.pid = process.pid
             self._alive.add(record.rank)
 
-    def _exit_if_missing_guard(self, cls: type, missing: bool) -> None:
+    def _exit_if_missing_guard(self, missing: bool) -> None:
         """A forkserver or rank stopped itself while importing the test code: end the run."""
         if missing:
             self.close()
-            forkserver.exit_for_missing_guard(cls.__module__)
+            forkserver.exit_for_missing_guard(self._module)
 
-    def _spec(self, cls: type, method: str, rank: int, inputs: Any) -> RankSpec:
+    def _spec(self, job: Job, rank: int) -> RankSpec:
         world_size = len(self.records)
         return RankSpec(
-            module=cls.__module__,
-            qualname=cls.__qualname__,
-            method=method,
+            job=job,
             rank=rank,
             world_size=world_size,
             file_name=self.file_name,
@@ -142,21 +141,19 @@ class RankGroup:
             temp_dir=self.temp_dir,
             threads=devices.intra_op_threads(world_size),
             env={**os.environ, **assert_rewrite.settings()},
-            fake_pg=bool(getattr(cls, "fake_pg", False)),
-            inputs=inputs,
             master_port=self.master_port,
         )
 
-    def send_test(self, method: str, inputs: Any = None) -> bool:
-        """Shared ranks: begin a round (fresh records and output files) and send every rank the
-        test (with the case's `inputs`); False if a rank can no longer be reached."""
+    def send_test(self, job: Job) -> bool:
+        """Shared ranks: begin a round (fresh records and output files) and send every rank
+        `job`'s test; False if a rank can no longer be reached."""
         previous = self._forget_round() if self._round_begun else []
         self._round_begun = True
         task_file = self.test_file()
         self._began = time.monotonic()
         try:
             for rank, pipe in self._tasks.items():
-                pipe.send(Task(method, self.output_path(rank), task_file, inputs))
+                pipe.send(Task(job.method, self.output_path(rank), task_file, job.inputs))
         except OSError:
             return False
         finally:
@@ -264,7 +261,7 @@ class RankGroup:
             if rank in self._readers and not self._readers[rank].poll(0):
                 self._readers.pop(rank).close()
         self._exit_if_missing_guard(
-            self._class, record.exitcode == forkserver.MISSING_GUARD_EXIT and not record.events
+            record.exitcode == forkserver.MISSING_GUARD_EXIT and not record.events
         )
         if record.failed:
             self._note_problem(rank)

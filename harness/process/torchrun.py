@@ -46,6 +46,7 @@ from urllib.parse import parse_qs, urlparse
 from harness import devices
 from harness.launch.fail_fast import FailFast
 from harness.launch.in_process import run_rank_here
+from harness.launch.job import Job
 from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome import stacks
 from harness.outcome.rank_record import RankRecord
@@ -338,21 +339,21 @@ class _Watch:
                 return
 
 
-def _run_here(case: Any, run: TorchrunRun, watch_timeout: Optional[float] = None) -> RankRecord:
-    """Run `case`'s test here as this rank (watched, when `watch_timeout` is given); then
+def _run_here(job: Job, run: TorchrunRun, watch_timeout: Optional[float] = None) -> RankRecord:
+    """Run `job` here as this rank (watched, when `watch_timeout` is given); then
     destroy the default group it left initialised: this process runs the next test too, where
     a rank process's exit would have taken it."""
     import torch.distributed as dist
 
     record = RankRecord(run.rank, pid=os.getpid())
     if watch_timeout is None:
-        run_rank_here(case, run.rank, run.world_size, record, init_method=init_method())
+        run_rank_here(job, run.rank, run.world_size, record, init_method=init_method())
     else:
         watch = _Watch(run.exchange(), record, watch_timeout)
         try:
             try:
                 watch.start()
-                run_rank_here(case, run.rank, run.world_size, record, init_method=init_method())
+                run_rank_here(job, run.rank, run.world_size, record, init_method=init_method())
             finally:
                 watch.close()
         except RankStopped:  # the stop landed outside the test's own parts: the record has it
@@ -376,22 +377,21 @@ class TorchrunLauncher(Launcher):
     def __init__(self, run: TorchrunRun) -> None:
         self.run = run
 
-    def start(self, case: Any) -> RankSetup:
-        if case.world_size != self.run.world_size:
+    def start(self, job: Job) -> RankSetup:
+        if job.world_size != self.run.world_size:
             raise unittest.SkipTest(
-                f"needs world size {case.world_size}, torchrun launched "
+                f"needs world size {job.world_size}, torchrun launched "
                 f"{self.run.world_size} processes"
             )
         self.run.new_test()
         return RankSetup()  # this process is the rank: no file, no processes of its own
 
-    def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
-        run = self.run
-        timeout = devices.test_timeout(case)
+    def join(self, job: Job) -> Tuple[List[RankRecord], Optional[float]]:
+        run, timeout = self.run, job.timeout
         if run.world_size == 1:
-            return [_run_here(case, run)], None
+            return [_run_here(job, run)], None
         exchange = run.exchange()
-        record = _run_here(case, run, timeout)
+        record = _run_here(job, run, timeout)
         try:
             texts = exchange.exchange(record.to_json(), timeout)
         except RanksOutOfStep as error:

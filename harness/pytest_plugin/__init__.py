@@ -37,10 +37,12 @@ from harness import devices, skips
 from harness.compat import pytest_internals
 from harness.launch.case import RankedTestCase
 from harness.outcome.replay import rank_report
+from harness.outcome.report import RankReport
 from harness.process import assert_rewrite, forkserver, shared
 from harness.process.case import MultiProcessTestCase
 from harness.pytest_plugin import deepspeed, fixtures, functions, leases, pool, stash
 from harness.pytest_plugin import report as report_layout
+from harness.pytest_plugin.run import RanksFailed
 
 MARKERS = (
     "ranks(N | [N, ...], *, mode='fresh'|'shared'|'threads', device='auto'|'cpu'|'cuda', "
@@ -204,7 +206,7 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    lead = rank_report(call.excinfo.value) if call.excinfo is not None else None
+    lead = _lead(item, call)
     if lead is not None and report.failed:
         longrepr = report_layout.longrepr(item, lead)
         if longrepr is not None:
@@ -226,6 +228,19 @@ def pytest_runtest_makereport(
     if stash.RECORDS in item.stash:
         del item.stash[stash.RECORDS]
     return report
+
+
+def _lead(item: pytest.Item, call: pytest.CallInfo[None]) -> Optional[RankReport]:
+    """A multi-rank failure's report in parts: a marked test's or a pool call's (`RanksFailed`,
+    or the lead rank's own exception class: then kept on the item), a class's replay's."""
+    if call.excinfo is None:
+        return None
+    error = call.excinfo.value
+    if isinstance(error, RanksFailed):
+        return error.lead
+    if call.when == "call" and stash.LEAD in item.stash:
+        return item.stash[stash.LEAD]
+    return rank_report(error)
 
 
 PLAIN_TYPES = (type(None), bool, int, float, str)

@@ -6,7 +6,7 @@
   that test alone, as a one-line error when it is set up.
 - set-up: pytest resolves the fixtures in this process as usual; then `build_call` turns them
   into the FunctionCall the ranks get (a value that cannot be sent is a one-line error).
-- call: `pytest_pyfunc_call` runs the call on the ranks (harness/pytest_plugin/case.py) and
+- call: `pytest_pyfunc_call` runs the call on the ranks (harness/pytest_plugin/run.py) and
   raises what they reported, which the plugin lays out (report.py).
 - teardown: a `@rank_fixture` whose teardown failed in a rank (after the test passed there)
   errors here, as pytest's own fixtures do; a module's shared ranks stop once its last test
@@ -24,9 +24,9 @@ import pytest
 from harness import devices
 from harness.compat import pytest_internals
 from harness.launch.case import RankedTestCase
-from harness.outcome.replay import rank_report
+from harness.outcome.report import SKIPPED
 from harness.process import forkserver, shared
-from harness.pytest_plugin import case, deepspeed, leases, report, stash
+from harness.pytest_plugin import deepspeed, leases, rank_program, report, stash
 from harness.pytest_plugin import fixtures as fixtures_module
 from harness.pytest_plugin.call import (
     IMPERATIVE_XFAIL,
@@ -38,7 +38,6 @@ from harness.pytest_plugin.call import (
     check_sendable,
     marked_param,
 )
-from harness.pytest_plugin.case import SharedKey, run_in_ranks
 from harness.pytest_plugin.fixtures import RANKS, SIZE_PARAM, InRank
 from harness.pytest_plugin.marker import (
     MarkerError,
@@ -48,6 +47,7 @@ from harness.pytest_plugin.marker import (
     read_ranks,
     size_id,
 )
+from harness.pytest_plugin.run import RanksFailed, SharedKey, raised_for, run_on_ranks
 
 GROUP_TIMEOUT_MARGIN_S = 60.0  # the default group outlives the test, so a hang is the test's
 
@@ -94,7 +94,7 @@ def pytest_collection_modifyitems(items: list) -> None:
     if any(item.stash.get(RANKS, None) is not None for item in items):
         # What a rank needs to run a call, imported once in the forkserver (it starts with the
         # first test) instead of in every rank of every test.
-        forkserver.preload(case.__name__)
+        forkserver.preload(rank_program.__name__)
 
 
 def _classify(item: pytest.Function) -> None:
@@ -245,14 +245,16 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Optional[bool]:
     try:
         for size in ranks.sizes:  # one, but a DistributedTest's list runs in turn
             run_placed(call, ranks, size, pyfuncitem.stash.get(stash.DEADLINE, None), records)
-    except Exception as error:
-        lead = rank_report(error)
+    except RanksFailed as error:
+        lead = error.lead
         if lead is not None and lead.phase == "teardown":  # the test passed: its teardown's
             pyfuncitem.stash[stash.TEARDOWN_ERROR] = error
             return True
-        raised = report.as_raised_in_the_rank(error, pyfuncitem)  # for xfail(raises=...)
+        raised = report.as_raised_in_the_rank(error, lead, pyfuncitem)  # xfail(raises=...)
         if raised is error:
             raise
+        if lead is not None:
+            pyfuncitem.stash[stash.LEAD] = lead
         raise raised from None
     finally:  # after what a pool fixture's calls left there during set-up
         pyfuncitem.stash.setdefault(stash.RECORDS, []).extend(records)
@@ -265,7 +267,8 @@ def run_placed(
 ) -> None:
     """Run `call` on `world_size` ranks where `ranks` puts them on this machine (their devices
     leased for the run; shared sets keyed by that placement, `pool`'s apart); the ranks'
-    records go into `records`. A rank's problem is raised, their skip is pytest's."""
+    records go into `records`. The ranks' failure is raised (`RanksFailed`), their skip is
+    pytest's."""
     where = place(ranks, world_size)
     if where.skip is not None:
         pytest.skip(where.skip)
@@ -277,14 +280,15 @@ def run_placed(
         if ranks.mode == "shared":
             key = SharedKey(call.module, world_size, where.device_type, held, where.backend,
                             call.init, pool)
-        run = run_in_ranks(placed, ranks.mode, world_size, ranks.timeout, deadline, key)
+        run = run_on_ranks(placed, ranks.mode, world_size, ranks.timeout, deadline, key)
     records.extend(run.records)
-    if run.problem is not None:
-        raise run.problem[1].with_traceback(run.problem[2])
-    if run.skip is not None:
-        if run.skip.startswith(IMPERATIVE_XFAIL):
-            pytest.xfail(run.skip[len(IMPERATIVE_XFAIL):])
-        pytest.skip(run.skip)
+    outcome = run.report
+    if outcome.failed:
+        raise raised_for(outcome)
+    if outcome.status == SKIPPED:
+        if outcome.message.startswith(IMPERATIVE_XFAIL):
+            pytest.xfail(outcome.message[len(IMPERATIVE_XFAIL):])
+        pytest.skip(outcome.message)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -12,7 +12,7 @@ How a call reaches the ranks: the pool sends the call of `_in_rank` (below), a m
 function of this module, with what the ranks need to find `fn` themselves (`_Target`: its
 module and qualified name, a partial's bound arguments by value) and the call's shape (run,
 map, starmap). So every pool, whatever `fn`'s module, is one kind of call: pools with equal
-options key their shared ranks alike (harness/pytest_plugin/case.py `SharedKey`) and share
+options key their shared ranks alike (harness/pytest_plugin/run.py `SharedKey`) and share
 one set. Each rank pickles `fn`'s value itself, so a value that cannot travel is named by
 `fn`'s name.
 

@@ -1,34 +1,26 @@
-"""A marked pytest function run by the harness's launchers, as a supervising test case.
+"""In each rank: a marked pytest function's call run as the rank's test, one class per mode.
 
-The launchers (fresh processes, shared processes, threads, torchrun) run test cases. A marked
-test is therefore run through a case of one of three module-level classes, one per mode,
-whose single method, `run_function`, makes the call in each rank
-(harness/pytest_plugin/in_rank.py) from the FunctionCall the supervising instance sends
-(`rank_inputs`). Everything else is the classes' path, unchanged: the supervisor's setUp
-checks the settings and starts the ranks, joins them, and `decide` turns their records into
-the test's one TestReport, replayed as unittest's outcome (harness/launch/case.py);
-`run_in_ranks` hands that outcome to pytest.
+The pytest process sends every rank a Job (harness/pytest_plugin/run.py) naming one of these
+classes and the FunctionCall as its inputs; the rank makes an instance of it and runs its one
+method, `run_function`, which makes the call (harness/pytest_plugin/in_rank.py). The modes'
+bases give each rank its process or thread, its group and its reporting, as for the classes.
 
-In a rank, before the call: the rank's device (its accelerator, when it has one) and, with
-`init=True`, the default group. Fresh ranks make it per test; shared ranks once per set (the
-set is keyed by module, world size, devices, backend and init, so every test sent to it wants
-that group); threads use the threaded backend's group.
+Before the call: the rank's device (its accelerator, when it has one) and, with `init=True`,
+the default group. Fresh ranks make it per test; shared ranks once per set (the set is keyed
+by module, world size, devices, backend and init, so every test sent to it wants that group);
+threads use the threaded backend's group.
 """
 
 from __future__ import annotations
 
 import datetime
-import unittest
-from dataclasses import dataclass
-from typing import Any, FrozenSet, List, Optional, Tuple
+from typing import Any, FrozenSet
 
 import torch
 import torch.distributed as dist
 
 from harness import devices
 from harness.launch.case import RankedTestCase
-from harness.outcome.rank_record import RankRecord
-from harness.process import shared
 from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
 from harness.pytest_plugin.call import FunctionCall
@@ -41,58 +33,22 @@ __tracebackhide__ = True
 METHOD = "run_function"
 
 
-@dataclass(frozen=True)
-class SharedKey:
-    """Which set of shared ranks runs a marked test: one per (module, world size, devices,
-    backend, init), so that every test sent to a set wants the group it has."""
-
-    module: str
-    world_size: int
-    device_type: str
-    devices: Tuple[int, ...]
-    backend: str
-    init: bool
-    pool: bool = False  # rank_pool's sets are its own: they live for the session
-
-
 class FunctionCase(RankedTestCase):
-    """What the three mode classes share: a supervisor made for one call (`supervising`), the
-    call sent to every rank, and the rank's device set before the call."""
-
-    call: Optional[FunctionCall] = None  # the supervisor's; a rank reads its RankContext's
-    _requested_size = 0
+    """What the three mode classes share: the call its rank was sent, made as the test, and
+    the rank's device set before the call. Made only where a rank runs."""
 
     def __init__(self, methodName: str = METHOD) -> None:  # noqa: N803 - unittest's
         super().__init__(methodName)
 
-    @classmethod
-    def supervising(
-        cls, call: FunctionCall, world_size: int, timeout: Optional[float]
-    ) -> FunctionCase:
-        """The supervisor of `call` on `world_size` ranks (`timeout`: seconds, else the
-        harness's default)."""
-        case = cls(METHOD)
-        case.call = call
-        case._requested_size = world_size
-        if timeout is not None:
-            case.timeout = timeout
-        return case
-
     def id(self) -> str:
-        call = self.call if self.rank_context is None else self.rank_context.inputs
-        return call.test_id if call is not None else super().id()
+        context = self.rank_context
+        return context.inputs.test_id if context is not None else super().id()
 
     def __str__(self) -> str:
         return self.id()
 
     def reported_name(self) -> str:
         return self.id().rpartition("::")[2]
-
-    def checked_rank_settings(self) -> Tuple[int, float]:
-        return devices.checked_rank_settings(self, self._requested_size)
-
-    def rank_inputs(self) -> Any:
-        return self.call
 
     def rank_call(self) -> FunctionCall:
         """In a rank: the call its supervisor sent."""
@@ -149,10 +105,6 @@ class SharedFunction(FunctionCase, MultiProcContinuousTest):
     checks; its default group is made by the first test and kept."""
 
     timeout: Any = devices.DefaultTimeout()  # seconds, as the fresh mode's (not a group's)
-    shared_key: Optional[SharedKey] = None
-
-    def shared_ranks_key(self) -> Any:
-        return self.shared_key
 
     def keeps_ranks_scope(self) -> bool:
         return type(self).rdvz_file is not None
@@ -202,55 +154,4 @@ class ThreadFunction(FunctionCase, MultiThreadedTestCase):
             super().start_rank_thread()
 
 
-MODE_CLASSES = {"fresh": FreshFunction, "shared": SharedFunction, "threads": ThreadFunction}
-
-
-class _Outcome(unittest.TestResult):
-    """The supervisor's verdict as unittest reports it: the first problem, or the skip."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.problem: Any = None
-        self.skip: Optional[str] = None
-
-    def addFailure(self, test: Any, err: Any) -> None:  # noqa: N802 - unittest's
-        self.problem = self.problem or err
-
-    def addError(self, test: Any, err: Any) -> None:  # noqa: N802 - unittest's
-        self.problem = self.problem or err
-
-    def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
-        if err is not None:
-            self.problem = self.problem or err
-
-    def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802 - unittest's
-        self.skip = reason
-
-
-@dataclass
-class RanksRun:
-    """What running a call on its ranks gave: the problem to raise (exc_info), else the skip
-    reason, else a pass; and every rank's record (their output goes into pytest's report)."""
-
-    problem: Any
-    skip: Optional[str]
-    records: List[RankRecord]
-
-
-def run_in_ranks(
-    call: FunctionCall, mode: str, world_size: int, timeout: Optional[float],
-    deadline: Optional[float], shared_key: Optional[SharedKey] = None,
-) -> RanksRun:
-    """Run `call` on `world_size` ranks of `mode` (`shared_key`: the set of shared ranks that
-    runs it); what happened."""
-    case = MODE_CLASSES[mode].supervising(call, world_size, timeout)
-    if isinstance(case, SharedFunction):
-        case.shared_key = shared_key
-    case.deadline = deadline
-    outcome = _Outcome()
-    case.run(outcome)
-    if outcome.problem is not None and shared_key is not None:
-        # A test that failed on shared ranks may have left them in any state: the next test
-        # gets new ones (crashes, hangs and leaks already retire a set).
-        shared.OPEN_RANKS.stop(shared_key)
-    return RanksRun(outcome.problem, outcome.skip, list(case.rank_records))
+MODE_PROGRAMS = {"fresh": FreshFunction, "shared": SharedFunction, "threads": ThreadFunction}

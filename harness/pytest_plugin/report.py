@@ -6,7 +6,6 @@ collectives as sections. Used for the harness's classes and marked functions ali
 from __future__ import annotations
 
 import ast
-import builtins
 import functools
 import importlib
 import linecache
@@ -18,7 +17,6 @@ from typing import Any, List, Optional, Tuple
 import pytest
 
 from harness.outcome import stacks
-from harness.outcome.replay import rank_report
 from harness.outcome.report import RankReport
 from harness.outcome.stacks import Frame
 
@@ -137,17 +135,17 @@ def _functions(filename: str) -> Tuple[Tuple[int, int, int, str], ...]:
     )
 
 
-def as_raised_in_the_rank(error: BaseException, item: pytest.Item) -> BaseException:
-    """`error` (a multi-rank failure) as an instance of the lead rank's exception class, where
-    the test's `xfail(raises=...)` names that class or a base of it (pytest checks the raised
-    exception's type); `error` itself otherwise."""
+def as_raised_in_the_rank(
+    error: BaseException, lead: Optional[RankReport], item: pytest.Item
+) -> BaseException:
+    """`error` (a multi-rank failure, led by `lead`) as an instance of the lead rank's exception
+    class, where the test's `xfail(raises=...)` names that class or a base of it (pytest checks
+    the raised exception's type); `error` itself otherwise."""
     raises = [mark.kwargs["raises"] for mark in item.iter_markers("xfail")
               if mark.kwargs.get("raises") is not None]
-    lead = rank_report(error)
-    if not raises or lead is None:
+    if not raises or lead is None or not lead.exc_class[1]:
         return error
-    name, colon, _ = lead.message.partition("\n")[0].partition(":")
-    cls = _exception_class(name) if colon else None
+    cls = _exception_class(*lead.exc_class)
     if cls is None or not any(issubclass(cls, expected) for expected in raises):
         return error
     try:
@@ -158,12 +156,11 @@ def as_raised_in_the_rank(error: BaseException, item: pytest.Item) -> BaseExcept
     return twin.with_traceback(error.__traceback__)
 
 
-def _exception_class(name: str) -> Optional[type]:
-    """The exception class a traceback names (`ValueError`, `pkg.errors.Mine`), if it can
-    be found here."""
-    module, _, qualname = name.strip().rpartition(".")
+def _exception_class(module: str, qualname: str) -> Optional[type]:
+    """The exception class a rank raised, found here by its module and qualified name (None
+    where it cannot be: a class local to a function, a module this process lacks)."""
     try:
-        found: Any = importlib.import_module(module) if module else builtins
+        found: Any = importlib.import_module(module)
         for part in qualname.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError, ValueError):

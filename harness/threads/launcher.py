@@ -28,6 +28,7 @@ from harness import devices
 from harness.compat import c10d_world
 from harness.launch import fail_fast
 from harness.launch.context import GridSync, RankContext
+from harness.launch.job import Job
 from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome import stacks
 from harness.outcome.rank_record import (
@@ -58,8 +59,8 @@ class ThreadRanks(Launcher):
         self.threads: List[threading.Thread] = []
         self._state = ExitStack()
 
-    def start(self, case: Any) -> RankSetup:
-        world_size, timeout = case.world_size, devices.test_timeout(case)
+    def start(self, job: Job) -> RankSetup:
+        world_size, timeout = job.world_size, job.timeout
         threaded_pg.register()
         # Collectives wait longer than the test, so a hang is reported as the test timing
         # out (with stacks) rather than as a collective timing out.
@@ -75,7 +76,7 @@ class ThreadRanks(Launcher):
         state.callback(torch.set_num_threads, torch.get_num_threads())
         for rank in range(world_size):
             thread = threading.Thread(
-                target=self._rank_main, args=(case, rank), name=f"harness-rank-{rank}",
+                target=self._rank_main, args=(job, rank), name=f"harness-rank-{rank}",
                 daemon=True,
             )
             self.threads.append(thread)
@@ -93,14 +94,13 @@ class ThreadRanks(Launcher):
         self.records[rank].output += text
         return True
 
-    def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
+    def join(self, job: Job) -> Tuple[List[RankRecord], Optional[float]]:
         world = self.world
         assert world is not None, "join before start"
-        timeout = devices.test_timeout(case)
-        timed_out = self._supervise(timeout)
+        timed_out = self._supervise(job.timeout)
         for record in self.records:
             record.collectives = world.entered(record.rank)
-        return self.records, timeout if timed_out else None
+        return self.records, job.timeout if timed_out else None
 
     def close(self) -> None:
         """Stop ranks still running (the test ended without joining them: its setUp failed),
@@ -145,14 +145,14 @@ class ThreadRanks(Launcher):
         for _, thread in running:
             thread.join(max(0.0, deadline - time.monotonic()))
 
-    def _rank_main(self, case: Any, rank: int) -> None:
+    def _rank_main(self, job: Job, rank: int) -> None:
         """One rank thread: its own instance of the test, its group, its events."""
         world, sink = self.world, self.sinks[rank]
         assert world is not None
         thread_world.bind_thread(world, rank)
         context = RankContext(
             rank, world.world_size, ReportingResult(sink), grid_sync=_grid_sync(world, rank),
-            inputs=case.rank_inputs(),
+            inputs=job.inputs,
         )
         rank_case: Any = None  # a unittest.TestCase with the ThreadRankHooks
         started = time.monotonic()
@@ -161,7 +161,7 @@ class ThreadRanks(Launcher):
             # autograd's per-device worker threads.
             torch.autograd.set_multithreading_enabled(False)
             torch.set_num_threads(devices.intra_op_threads(world.world_size))
-            rank_case = type(case)(case._testMethodName)
+            rank_case = job.program()(job.method)
             rank_case.attach_rank(context)
             rank_case.start_rank_thread()
         except BaseException:
