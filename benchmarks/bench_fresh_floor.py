@@ -22,7 +22,7 @@ to round, so machine load falls on all alike), N tests each:
            (one clock for all processes) to a log, which gives the breakdown by phase. In the
            supervisor: run_on_ranks, RankGroup.start and .supervise, each rank's _launch; in
            a rank: multiprocessing's _bootstrap, _set_up_process, RankRun.run,
-           FreshFunction.rank_set_up, init_group, call_in_rank, doCleanups, _leave. A
+           FreshFunction.set_up, init_group, call_in_rank, tear_down, _leave. A
            function the probe cannot find (renamed) is reported, and its phases show "-".
 
 Per variant: the median per test without the first test, then the median over the rounds.
@@ -273,11 +273,12 @@ if LOG:
     wrap("harness.process.rank", "", "_set_up_process", "first_line", "process_ready",
          on_enter=_in_rank)
     wrap("harness.process.rank", "RankRun", "run", "run_begin")
-    wrap("harness.pytest_plugin.rank_program", "FreshFunction", "rank_set_up", "set_up_begin",
+    wrap("harness.pytest_plugin.rank_program", "FreshFunction", "set_up", "set_up_begin",
          "set_up_end")
-    wrap("harness.pytest_plugin.rank_program", "FunctionCase", "init_group", "init_begin", "init_end")
+    wrap("harness.pytest_plugin.rank_program", "FunctionProgram", "init_group", "init_begin",
+         "init_end")
     wrap("harness.pytest_plugin.rank_program", "", "call_in_rank", "body_begin", "body_end")
-    wrap("harness.process.case", "MultiProcessTestCase", "doCleanups", "cleanup_begin",
+    wrap("harness.pytest_plugin.rank_program", "FreshFunction", "tear_down", "cleanup_begin",
          "cleanup_end")
     wrap("harness.process.rank", "", "_leave", "leave")
     wrap("multiprocessing.process", "BaseProcess", "_bootstrap", "bootstrap",

@@ -17,6 +17,7 @@ from harness import (
     MultiThreadedTestCase,
 )
 from harness.launch.hooks import RankHooks, SharedRankHooks, ThreadRankHooks
+from harness.pytest_plugin.rank_program import FreshFunction, SharedFunction, ThreadFunction
 
 HARNESS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "harness")
 LAUNCHERS = ("launch/in_process.py", "process/rank.py", "process/launchers.py",
@@ -29,6 +30,15 @@ class EveryBaseImplementsItsHooks(unittest.TestCase):
                      MultiThreadedTestCase, FSDPTestMultiThread):
             with self.subTest(base=base.__name__):
                 self.assertIsInstance(base(), RankHooks)
+
+    def test_a_pytest_functions_rank_programs_implement_them_without_unittest(self) -> None:
+        for program in (FreshFunction, SharedFunction, ThreadFunction):
+            with self.subTest(program=program.__name__):
+                self.assertIsInstance(program(), RankHooks)
+                self.assertFalse(issubclass(program, unittest.TestCase))
+        self.assertIsInstance(ThreadFunction(), ThreadRankHooks)
+        self.assertNotIsInstance(FreshFunction(), ThreadRankHooks)
+        self.assertIsInstance(SharedFunction, SharedRankHooks)
 
     def test_thread_rank_hooks(self) -> None:
         for base in (MultiThreadedTestCase, FSDPTestMultiThread):

@@ -1,17 +1,18 @@
 """RankedTestCase: what every multi-rank case shares, whichever launcher runs its ranks.
 
 A test of a multi-rank class exists twice, with upstream's lifecycle. The instance the test
-runner holds supervises: its setUp, tearDown and cleanups run once, here; the class's
+runner holds supervises: its setUp, tearDown and cleanups run once, here; it builds its Job
+(`job()`: the class and method each rank re-creates, harness/launch/job.py) and the class's
 launcher (`make_launcher()`) starts the ranks when setUp calls upstream's `_spawn_processes()`
 / `_spawn_threads()` (or, if it does not, when the test method begins), so the ranks see the
 environment setUp prepared; the test method joins them and turns their records into the
 test's TestReport (harness/outcome/merge.py), handed to the runner's result and replayed into
-unittest's API (`report_outcome`). Each rank runs its own instance, which the
-launcher hands a RankContext (`attach_rank`): there only the test method runs, between the
-base's own rank set-up and tear-down (`rank_set_up`, `rank_tear_down`: FSDPTest's group,
-a thread's `perThreadSetUp`), never the class's setUp or tearDown. Those three are the
-RankHooks every launcher calls (harness/launch/hooks.py). Modes differ only in their
-launcher and in what a rank needs attached, so a new mode is a new Launcher.
+unittest's API (`report_outcome`). Each rank runs its own instance, which the launcher hands
+a RankContext (`attach_rank`) and runs (`run`, the RankHooks, harness/launch/hooks.py): there
+only the test method runs, between the base's own rank set-up and tear-down (`rank_set_up`,
+`rank_tear_down`: FSDPTest's group, a thread's `perThreadSetUp`), never the class's setUp or
+tearDown. Modes differ only in their launcher and in what a rank needs attached, so a new
+mode is a new Launcher.
 """
 
 from __future__ import annotations

@@ -1,14 +1,17 @@
-"""The rank hooks: what a launcher calls on a test's rank instance (or class), by public name.
+"""The rank hooks: what a launcher calls on the instance that runs as a rank (or its class),
+by public name.
 
 A launcher (harness/launch/launcher.py) knows nothing of a base's process groups, devices or
-barriers; it calls these hooks at fixed points and the bases implement them. Every hook has
-a default in the base that declares it, so a base overrides only what its ranks need, and a
-suite may override one too (calling `super()`).
+barriers; it makes an instance of the job's class in the rank and calls these hooks at fixed
+points. Two kinds of class implement them: the unittest bases (a test class's own instance,
+harness/launch/case.py, whose unittest run calls its `rank_set_up`/`rank_tear_down` in place
+of setUp and tearDown) and a front end's rank programs, which run without unittest
+(harness/pytest_plugin/rank_program.py). Every hook has a default in the base that declares
+it, so a base overrides only what its ranks need, and a suite may override one too.
 
-`RankHooks`, every mode, on the rank's own instance of the test (harness/launch/case.py):
-  `attach_rank(context)`  before the case runs: it becomes the rank `context` describes
-  `rank_set_up()`         in place of setUp (which runs only in the supervisor, as upstream)
-  `rank_tear_down()`      in place of tearDown; not after the test called sys.exit(0)
+`RankHooks`, every mode, on the rank's instance:
+  `attach_rank(context)`  before it runs: it becomes the rank `context` describes
+  `run(result)`           the test, as this rank, reported to `result` (a ReportingResult)
 
 `ThreadRankHooks`, rank threads (harness/threads/launcher.py), around the whole case run:
   `start_rank_thread()`             before the case runs: the thread's default group
@@ -31,7 +34,7 @@ from `rank_set_up`/`finish_rank_thread`), `_init_pg`, `backend_str`, `opts` (cal
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from harness.launch.context import RankContext
@@ -39,16 +42,13 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class RankHooks(Protocol):
-    """What every launcher calls on a rank's instance of the test."""
+    """What every launcher calls on the instance that runs as a rank."""
 
     def attach_rank(self, context: RankContext) -> None:
-        """Become the rank `context` describes (before the case runs)."""
+        """Become the rank `context` describes (before it runs)."""
 
-    def rank_set_up(self) -> None:
-        """In the rank, in place of setUp: the base's own set-up (group, device, seed)."""
-
-    def rank_tear_down(self) -> None:
-        """In the rank, in place of tearDown: what the base undoes after the test method."""
+    def run(self, result: Any) -> Any:
+        """Run the test as this rank, reporting to `result` (a ReportingResult)."""
 
 
 @runtime_checkable

@@ -259,8 +259,9 @@ def skip_exit_reason(exc_info: ExcInfo) -> Optional[str]:
 
 
 class ReportingResult(unittest.TestResult):
-    """A unittest result that sends every event to a sink (anything with `.send(event)`)
-    instead of keeping it: the rank's side of the report."""
+    """The rank's side of the report: every event sent to a sink (anything with
+    `.send(event)`) instead of kept. A unittest result for the classes' ranks, whose unittest
+    callbacks say what happened; `report_*` for a rank that runs a function, not a case."""
 
     def __init__(self, sink: Any, hold_success: bool = False) -> None:
         super().__init__()
@@ -270,35 +271,48 @@ class ReportingResult(unittest.TestResult):
         self.failed = False  # the test itself (not a grid point) failed in this rank
         self.passed = False  # it passed in this rank (no failure, skip or failed grid point)
 
-    def addSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802 - unittest's naming
+    def report_success(self) -> None:
+        """The test passed in this rank."""
         self.passed = True
         if self._hold_success:
             self.held.append(Event("success"))
         else:
             self._sink.send(Event("success"))
 
-    def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
-        self.failed = True
-        self._sink.send(raised_event(err, status=""))
+    def report_skip(self, reason: str) -> None:
+        """The test skipped itself in this rank."""
+        self._sink.send(Event("skip", reason))
 
-    def addError(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+    def report_raised(self, err: ExcInfo, status: Optional[str] = None) -> None:
+        """The test raised `err` in this rank: a failure (status "", an assertion's), else an
+        error; `sys.exit` with a skip code is a skip; a FixtureError is its cause, raised in
+        the phase it names."""
         skip = skip_exit_reason(err)
         if skip is not None:
-            self.addSkip(test, skip)
-        elif isinstance(err[1], FixtureError) and err[1].__cause__ is not None:
-            self.failed = True
+            self.report_skip(skip)
+            return
+        self.failed = True
+        if isinstance(err[1], FixtureError) and err[1].__cause__ is not None:
             cause = err[1].__cause__
             self._sink.send(raised_event((type(cause), cause, cause.__traceback__),
                                          status="error", phase=err[1].phase))
         else:
-            self.failed = True
-            self._sink.send(raised_event(err, status="error"))
+            self._sink.send(raised_event(err, status=status))
+
+    def addSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802 - unittest's naming
+        self.report_success()
+
+    def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+        self.report_raised(err, status="")
+
+    def addError(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+        self.report_raised(err, status="error")
 
     def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
         if getattr(test, "test_case", None) is not None:  # a skipped grid point (subTest)
             self._sink.send(Event("subtest", reason, _params_of(test), "skip"))
         else:
-            self._sink.send(Event("skip", reason))
+            self.report_skip(reason)
 
     def addSubTest(self, test: unittest.TestCase, subtest: Any, err: Any) -> None:  # noqa: N802
         params = _params_of(subtest)

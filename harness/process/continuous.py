@@ -54,6 +54,23 @@ def _group_timeout(timeout: Any) -> timedelta:
     return timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
 
 
+def meet_before_test(pg: Any) -> None:
+    """A set of shared ranks meets before each test on its kept group `pg`: see
+    `MultiProcContinuousTest.shared_rank_before_test`."""
+    if "gloo" in dist.get_backend_config(pg):
+        distributed.cpu_barrier(pg)
+    else:
+        dist.barrier(group=pg)
+
+
+def still_usable_after_test(pg: Any) -> bool:
+    """After a test on shared ranks: torch.compile's caches forgotten; whether the default
+    group is still the kept `pg`."""
+    if "torch._dynamo" in sys.modules:
+        compat_local_tensor.reset_dynamo()
+    return dist.is_initialized() and dist.group.WORLD is pg
+
+
 class MultiProcContinuousTest(MultiProcessTestCase):
     """Upstream's `MultiProcContinuousTest`: the tests of a class share its rank processes.
 
@@ -134,17 +151,12 @@ class MultiProcContinuousTest(MultiProcessTestCase):
         which fails where ranks share one GPU (a CPU test class with more ranks than GPUs;
         seen with nccl on a 1-GPU machine) although the test itself never touches the GPU.
         """
-        if "gloo" in dist.get_backend_config(cls.pg):
-            distributed.cpu_barrier(cls.pg)
-        else:
-            dist.barrier(group=cls.pg)
+        meet_before_test(cls.pg)
 
     @classmethod
     def shared_rank_after_test(cls) -> bool:
         """Forget what torch.compile cached; whether the class's group is still there."""
-        if "torch._dynamo" in sys.modules:
-            compat_local_tensor.reset_dynamo()
-        return dist.is_initialized() and dist.group.WORLD is cls.pg
+        return still_usable_after_test(cls.pg)
 
     @classmethod
     def shared_rank_finish(cls) -> None:

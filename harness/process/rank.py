@@ -51,6 +51,7 @@ from harness.testcase import current_seed
 STACK_SIGNAL = signal.SIGUSR1  # the parent sends it to get a rank's Python stack
 COLLECTIVES_SIGNAL = signal.SIGUSR2  # ... and this one for the collectives it entered
 _PR_SET_PDEATHSIG = 1
+GRID_SYNC_TIMEOUT_S = 30.0  # a rank's wait for the others after a grid point, unless its class says
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,9 @@ def destroy_default_group() -> None:
 def main(spec: RankSpec, channel: Connection) -> None:
     """Entry point of a rank process: run the test once and exit without interpreter teardown.
 
-    The test runs through its class's `_run` (upstream's entry point: a suite's override
-    runs too), which builds the instance and hands it to `RankRun.run` via `run_test`.
+    A test class's test runs through its `_run` (upstream's entry point: a suite's override
+    runs too), which builds the instance and hands it to `RankRun.run` via `run_test`; a
+    front end's rank program (harness/pytest_plugin/rank_program.py) is handed to it directly.
     """
     global _exits_after_test
     _exits_after_test = True
@@ -108,10 +110,14 @@ def main(spec: RankSpec, channel: Connection) -> None:
     rank_run = RankRun(spec, spec.file_name, ReportingResult(channel), channel, job.inputs)
     try:
         cls = job.program()
-        # `fake_pg` only where the class asks for it: an override of `_run` written before
-        # upstream added the argument (apex's, four parameters) runs as it did then.
-        extra = {"fake_pg": True} if job.fake_pg else {}
-        cls._run(spec.rank, job.method, spec.file_name, rank_run, **extra)
+        if not isinstance(cls, type) or not issubclass(cls, unittest.TestCase):
+            rank_run.run(cls(job.method))  # a front end's rank program (a pytest function's)
+        else:
+            # Upstream's entry point, which suites override. `fake_pg` only where the class
+            # asks for it: an override of `_run` written before upstream added the argument
+            # (apex's, four parameters) runs as it did then.
+            extra = {"fake_pg": True} if job.fake_pg else {}
+            cls._run(spec.rank, job.method, spec.file_name, rank_run, **extra)
     except SystemExit as exit_:
         if exit_.code not in (0, None):  # sys.exit(0) outside the test: the rank passed
             err = sys.exc_info()
@@ -141,7 +147,8 @@ class RankRun:
             context = RankContext(
                 spec.rank, spec.world_size, self._result, init_method=f"file://{file_name}",
                 file_name=file_name,
-                grid_sync=GridMeeting(f"{file_name}.grid", spec.world_size, case.grid_sync_timeout),
+                grid_sync=GridMeeting(f"{file_name}.grid", spec.world_size,
+                                      getattr(case, "grid_sync_timeout", GRID_SYNC_TIMEOUT_S)),
                 inputs=self._inputs,
             )
             case.attach_rank(context)

@@ -250,3 +250,14 @@ def register() -> None:
     world; no other registration (torch's `threaded` included) is touched.
     """
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def init_default_group(rank: int) -> None:
+    """In a rank thread: its default process group, on this backend, in the thread's world
+    (a rank of a MultiThreadedTestCase, a marked function's thread rank alike)."""
+    world = current_world()
+    assert world is not None, "not in a rank thread"
+    dist.init_process_group(
+        BACKEND_NAME, rank=rank, world_size=world.world_size, store=world.store,
+        timeout=datetime.timedelta(seconds=world.timeout),
+    )

@@ -14,7 +14,6 @@ its group (the ThreadRankHooks of harness/launch/hooks.py: `start_rank_thread`,
 
 from __future__ import annotations
 
-import datetime
 from typing import Any, Optional
 
 import torch.distributed as dist
@@ -22,7 +21,6 @@ import torch.distributed as dist
 from harness.launch.case import SUPERVISOR_RANK, RankedTestCase
 from harness.launch.launcher import Launcher
 from harness.threads import backend as threaded_pg
-from harness.threads import world as thread_world
 from harness.threads.launcher import ThreadRanks
 
 MAIN_THREAD_RANK = SUPERVISOR_RANK
@@ -91,15 +89,7 @@ class MultiThreadedTestCase(RankedTestCase):
     # --- in a rank thread (ThreadRanks calls these: ThreadRankHooks) ------------------------
     def start_rank_thread(self) -> None:
         """Before setUp: the default process group on the threaded backend."""
-        world = thread_world.current_world()
-        assert world is not None, "not in a rank thread"
-        dist.init_process_group(
-            threaded_pg.BACKEND_NAME,
-            rank=self.rank,
-            world_size=world.world_size,
-            store=world.store,
-            timeout=datetime.timedelta(seconds=world.timeout),
-        )
+        threaded_pg.init_default_group(self.rank)
 
     def finish_rank_thread(self, passed: bool) -> None:
         """After the case ran; `passed` if it did not fail. Upstream's order: the group is
