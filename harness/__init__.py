@@ -28,7 +28,7 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "onlyNativeDeviceTypes", "onlyOn", "skipCPUIf", "skipCUDAIf", "skipMeta", "skipMetaIf",
         "skipXPUIf",
     ),
-    "harness.devices": (
+    "harness.settings": (
         "TEST_CUDA", "TEST_MULTIGPU", "TIMEOUT_DEFAULT", "TIMEOUT_OVERRIDE", "HarnessConfigError",
     ),
     "harness.dist_utils": (

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import torch
 
-from harness import devices as harness_devices
+from harness import settings
 from harness.parametrize import (
     PARAMETRIZE_ATTR,
     Variant,
@@ -124,7 +124,7 @@ class CUDATestBase(DeviceTypeTestBase):
     @classmethod
     def get_all_devices(cls) -> List[str]:
         primary = cls.get_primary_device()
-        others = [f"cuda:{i}" for i in range(harness_devices.accelerator_count())]
+        others = [f"cuda:{i}" for i in range(settings.accelerator_count())]
         return [primary, *(d for d in others if d != primary)]
 
 
@@ -221,7 +221,7 @@ def _runs_as_accelerator(device_type: str) -> bool:
     """Whether a test restricted to accelerators runs in `device_type`'s class: an accelerator
     type does, and "cpu" does while the CPU stands in for accelerators (HARNESS_ALLOW_CPU=1)."""
     if device_type == "cpu":
-        return harness_devices.cpu_stands_in()
+        return settings.cpu_stands_in()
     return device_type not in NON_ACCELERATOR_TYPES
 
 
@@ -246,9 +246,9 @@ def device_types_to_instantiate(
     both = sorted(set(only) & set(excluded))
     if both:
         raise ValueError(f"device types {both} appear in both only_for and except_for")
-    available = ["cpu", *(["cuda"] if harness_devices.accelerator_count() > 0 else [])]
+    available = ["cpu", *(["cuda"] if settings.accelerator_count() > 0 else [])]
     env_only, env_excluded = _env_device_types(ONLY_FOR_ENV), _env_device_types(EXCEPT_FOR_ENV)
-    if harness_devices.cpu_stands_in():
+    if settings.cpu_stands_in():
         only, env_only = _with_cpu_for_accelerators(only), _with_cpu_for_accelerators(env_only)
     return [
         t for t in available

@@ -15,7 +15,7 @@ from typing import Any, Callable, Tuple
 import torch
 
 from harness.compat.inductor import has_triton
-from harness.devices import TEST_CUDA
+from harness.settings import TEST_CUDA
 from harness.skips import TEST_HPU, TEST_WITH_ROCM, TEST_XPU
 
 __all__ = [

@@ -20,7 +20,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from harness import devices
+from harness import settings
 from harness.skip_codes import TEST_SKIPS
 
 
@@ -58,8 +58,8 @@ def accelerators_suffice(count: int, backends: Sequence[str] = (), allow_cpu: bo
     requirement (the test then runs on CPU with gloo, with at least `count` ranks:
     harness/world_size.py).
     """
-    found = devices.accelerator_count()
-    if found == 0 and (allow_cpu or devices.allow_cpu()):
+    found = settings.accelerator_count()
+    if found == 0 and (allow_cpu or settings.allow_cpu()):
         return True
     return found >= count and (not backends or any(_backend_compiled(b) for b in backends))
 
@@ -95,7 +95,7 @@ class AcceleratorRequirement(NamedTuple):
             return None
         if self.message:
             return self.message
-        found = devices.accelerator_count()
+        found = settings.accelerator_count()
         if self.count == PER_RANK and found == 0:
             return (
                 f"{TEST_SKIPS['no_cuda'].message} This test needs one accelerator for each of "
@@ -163,7 +163,7 @@ def requires_accelerator_dist_backend(
     backends: Optional[Sequence[str]] = None,
 ) -> Callable[[Any], Any]:
     """Skip unless one of `backends` (default: nccl, xccl, hccl) is available."""
-    names = list(devices.ACCELERATOR_BACKENDS if backends is None else backends)
+    names = list(settings.ACCELERATOR_BACKENDS if backends is None else backends)
     return requires(AcceleratorRequirement(
         0, backends=tuple(names),
         message=f"No accelerator communication backend available among {names}",
@@ -274,7 +274,7 @@ def check_case_requirements(case: unittest.TestCase) -> None:
         reason = requirement.unmet_reason(world_size)
         if reason is not None:
             raise unittest.SkipTest(reason)
-    if devices.cpu_stands_in():
+    if settings.cpu_stands_in():
         from harness.compat import (
             cpu_defaults as compat_cpu_defaults,  # torch's FSDP/DDP: only when needed
         )
@@ -285,9 +285,9 @@ def check_case_requirements(case: unittest.TestCase) -> None:
 def cpu_allowed(case: unittest.TestCase) -> bool:
     """Whether `case` runs on CPU in place of accelerators: none exists here, and
     HARNESS_ALLOW_CPU=1 or one of its requirements says `allow_cpu=True`."""
-    if devices.accelerator_count() > 0:
+    if settings.accelerator_count() > 0:
         return False
-    return devices.allow_cpu() or any(r.allow_cpu for r in _case_requirements(case))
+    return settings.allow_cpu() or any(r.allow_cpu for r in _case_requirements(case))
 
 
 def cpu_gate(case: unittest.TestCase) -> int:
@@ -305,5 +305,5 @@ def require_accelerator_per_rank(case: unittest.TestCase, world_size: int) -> No
     unless the CPU stands in for the accelerators (`cpu_allowed`)."""
     if cpu_allowed(case) or accelerators_suffice(world_size):
         return
-    found = devices.accelerator_count()
+    found = settings.accelerator_count()
     raise unittest.SkipTest(f"{_count_message(world_size)} ({found} found)")

@@ -22,7 +22,7 @@ import unittest
 import torch
 import torch.distributed as dist
 
-from harness import devices
+from harness import settings
 from harness.kit.fsdp import FSDPTest
 from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
@@ -68,7 +68,7 @@ class Passing(_TwoRanks):
 
     def test_rank_environment(self) -> None:
         self.assertEqual(os.environ["GLOO_SOCKET_IFNAME"], "lo")
-        self.assertEqual(torch.get_num_threads(), devices.intra_op_threads(self.world_size))
+        self.assertEqual(torch.get_num_threads(), settings.intra_op_threads(self.world_size))
         self.assertEqual(stat.S_IMODE(os.stat(self.file_name).st_mode), 0o600)
         self.assertEqual(stat.S_IMODE(os.stat(os.path.dirname(self.file_name)).st_mode), 0o700)
         self.assertEqual(self.init_method, f"file://{self.file_name}")

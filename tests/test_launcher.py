@@ -14,12 +14,12 @@ import unittest
 from typing import Any, List, Optional, Tuple
 from unittest import mock
 
-from harness.devices import HarnessConfigError
 from harness.launch.case import SUPERVISOR_RANK, RankedTestCase, timeout_before
 from harness.launch.context import RankContext
 from harness.launch.in_process import SimulatedRanks, run_rank_here
 from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import Event, RankRecord, RecordSink, ReportingResult
+from harness.settings import HarnessConfigError
 from harness.skips import skip_if_lt_x_gpu
 
 CALLS: List[str] = []

@@ -22,7 +22,7 @@ KNOWN_CYCLES: List[Set[str]] = []
 # launch modes, the runner and the kit: it must not import them, at module level or inside code.
 FOUNDATION = {
     "harness.testcase", "harness.comparison", "harness.parametrize", "harness.subtests",
-    "harness.skips", "harness.devices", "harness.device_type", "harness.dist_utils",
+    "harness.skips", "harness.settings", "harness.device_type", "harness.dist_utils",
     "harness.pytest_marks",
 }
 ABOVE_FOUNDATION = ("harness.launch", "harness.process", "harness.threads", "harness.runner",

@@ -25,7 +25,7 @@ from harness import (
     skipIfRocm,
     skips,
 )
-from harness.devices import HarnessConfigError
+from harness.settings import HarnessConfigError
 from harness.skip_codes import SKIP_BY_EXIT_CODE
 from harness.skips import check_requirements
 

@@ -33,7 +33,7 @@ from typing import Any, Dict, Iterator, Optional, Set, Tuple
 import torch
 import torch.distributed as dist
 
-from harness import devices
+from harness import settings
 
 LOG_ENV = "HARNESS_CPU_ADAPTATIONS"
 FSDP_DEVICE_ID = "fsdp1_device_id"
@@ -61,7 +61,7 @@ class CpuAdaptations:
         """Adapt FSDP1 and DDP in this process when the CPU stands in for accelerators (for
         the ranks that run here). Returns whether the adaptations are on; installing twice is
         a no-op."""
-        if not devices.cpu_stands_in():
+        if not settings.cpu_stands_in():
             return False
         with self._lock:
             if not self.installed:
@@ -111,7 +111,7 @@ def _in_rank() -> Optional[unittest.TestCase]:
     """The running test when it is a rank (process or thread) and the CPU stands in, else None."""
     case = _running_case()
     rank = getattr(case, "rank", None)
-    if isinstance(rank, int) and rank >= 0 and devices.cpu_stands_in():
+    if isinstance(rank, int) and rank >= 0 and settings.cpu_stands_in():
         return case
     return None
 
@@ -195,7 +195,7 @@ def adaptation_log() -> Iterator[None]:
 
     Nested runs (run_tests inside run_all.py's process) keep the outer run's log.
     """
-    if os.environ.get(LOG_ENV) or not devices.cpu_stands_in():
+    if os.environ.get(LOG_ENV) or not settings.cpu_stands_in():
         yield
         return
     folder = tempfile.mkdtemp(prefix="harness-cpu-adaptations-")

@@ -27,7 +27,7 @@ from torch.distributed._shard.sharding_spec import (
     ShardMetadata,
 )
 
-from harness import devices
+from harness import settings
 from harness.network import tp_transports
 from harness.process.case import MultiProcessTestCase
 from harness.skips import TEST_SKIPS
@@ -95,12 +95,12 @@ class ShardedTensorTestBase(MultiProcessTestCase):
 def _accelerators_lacking(backend: str, world_size: int) -> bool:
     """Upstream's rule: an accelerator backend needs an accelerator whose default backend it
     is, and one per rank."""
-    if backend not in devices.ACCELERATOR_BACKENDS:
+    if backend not in settings.ACCELERATOR_BACKENDS:
         return False
     accelerator = torch.accelerator.current_accelerator()
     return (
         accelerator is None
-        or backend != devices.backend_for(accelerator.type)
+        or backend != settings.backend_for(accelerator.type)
         or torch.accelerator.device_count() < world_size
     )
 

@@ -21,7 +21,7 @@ import math
 import time
 from typing import Any, FrozenSet, List, Optional, Tuple
 
-from harness import devices
+from harness import settings
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher, RankSetup
 from harness.launch.routing import route_test_method
@@ -65,11 +65,11 @@ class RankedTestCase(TestCase):
 
     # In a rank, what its launcher told it (`attach_rank`); None in the supervisor.
     rank_context: Optional[RankContext] = None
-    timeout: float = devices.DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
+    timeout: float = settings.DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
     # A runner's own limit on this test (time.monotonic()), e.g. pytest-timeout's: the ranks are
     # stopped early enough for the harness's hang report to be what the user sees.
     deadline: Optional[float] = None
-    timeout_cap: Optional[float] = None  # what meeting the deadline leaves (devices.test_timeout)
+    timeout_cap: Optional[float] = None  # what meeting the deadline leaves (settings.test_timeout)
     # How many ranks run the test (classes override it, as an int or a property): the base's
     # default; once a run decided the number (harness/world_size.py), that number.
     world_size: int = BaseWorldSize()  # type: ignore[assignment]
@@ -118,7 +118,7 @@ class RankedTestCase(TestCase):
     def checked_rank_settings(self) -> Tuple[int, float]:
         """(world_size, timeout), checked before any rank starts: a world size of 0 skips, a
         bad world size or timeout is a one-line config error (bases add their own checks)."""
-        return devices.checked_rank_settings(self, world_size_of(self))
+        return settings.checked_rank_settings(self, world_size_of(self))
 
     def _fix_rank_settings(self) -> None:
         fix_world_size(self, self.checked_rank_settings()[0])

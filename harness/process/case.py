@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from harness import devices
+from harness import settings
 from harness.launch.case import SUPERVISOR_RANK, RankedTestCase, assign
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher, RankSetup
@@ -248,7 +248,7 @@ class DistributedTestBase(MultiProcessTestCase):
 
     def backend(self, device: str) -> str:
         """The collective backend for a device string: nccl, hccl, xccl, else gloo."""
-        return devices.backend_for(device)
+        return settings.backend_for(device)
 
     def create_pg(self, device: str, world_size: Optional[int] = None) -> dist.ProcessGroup:
         """Initialise the default group for `device` through this test's rendezvous; return it.
@@ -263,8 +263,8 @@ class DistributedTestBase(MultiProcessTestCase):
             world_size=self.world_size if world_size is None else world_size,
             rank=self.rank,
         )
-        if backend in devices.ACCELERATOR_BACKENDS:
-            rank_device = devices.rank_device(self.rank)
+        if backend in settings.ACCELERATOR_BACKENDS:
+            rank_device = settings.rank_device(self.rank)
             if rank_device.index is None:
                 raise RuntimeError(
                     f"create_pg({device!r}): the {backend} backend needs an accelerator and "

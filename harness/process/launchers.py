@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
 
-from harness import devices
+from harness import settings
 from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import RankRecord
 from harness.process import shared as shared_ranks
@@ -24,7 +24,7 @@ from harness.process.supervisor import RankGroup
 def _check_importable(case: Any) -> None:
     """Ranks re-create the test by importing its class: a local class is a config error."""
     if "<locals>" in type(case).__qualname__:
-        raise devices.HarnessConfigError(
+        raise settings.HarnessConfigError(
             f"{type(case).__qualname__} is defined inside a function: ranks re-create the "
             "test by importing its class, so define it at module level"
         )
@@ -50,7 +50,7 @@ class FreshProcesses(Launcher):
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         group = self._group
         assert group is not None, "join before start"
-        timeout = devices.test_timeout(case)
+        timeout = settings.test_timeout(case)
         return group.records, _timed_out_after(timeout, group.supervise(timeout))
 
     def finish(self) -> None:
@@ -82,7 +82,7 @@ class SharedProcesses(Launcher):
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         ranks, self._sent_to = self._sent_to, None
         assert ranks is not None, "join before start"
-        timeout = devices.test_timeout(case)
+        timeout = settings.test_timeout(case)
         records, timed_out = ranks.finish_test(case, timeout)
         return records, _timed_out_after(timeout, timed_out)
 

@@ -43,7 +43,7 @@ from datetime import timedelta
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import parse_qs, urlparse
 
-from harness import devices
+from harness import settings
 from harness.launch.fail_fast import FailFast
 from harness.launch.in_process import run_rank_here
 from harness.launch.launcher import Launcher, RankSetup
@@ -138,10 +138,10 @@ _this_run: Optional[TorchrunRun] = None
 
 def this_run() -> Optional[TorchrunRun]:
     """This process's TorchrunRun when torchrun (or, with HARNESS_LAUNCHED=1, another
-    launcher) started it as one rank, else None (the rule: harness/devices.py
+    launcher) started it as one rank, else None (the rule: harness/settings.py
     `torchrun_env`)."""
     global _this_run
-    found = devices.torchrun_env()
+    found = settings.torchrun_env()
     if found is None:
         return None
     if _this_run is None or (_this_run.rank, _this_run.world_size) != found:
@@ -387,7 +387,7 @@ class TorchrunLauncher(Launcher):
 
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:
         run = self.run
-        timeout = devices.test_timeout(case)
+        timeout = settings.test_timeout(case)
         if run.world_size == 1:
             return [_run_here(case, run)], None
         exchange = run.exchange()

@@ -25,7 +25,7 @@ from typing import Any, FrozenSet, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from harness import devices
+from harness import settings
 from harness.launch.case import RankedTestCase
 from harness.outcome.rank_record import RankRecord
 from harness.process import shared
@@ -89,7 +89,7 @@ class FunctionCase(RankedTestCase):
         return self.id().rpartition("::")[2]
 
     def checked_rank_settings(self) -> Tuple[int, float]:
-        return devices.checked_rank_settings(self, self._requested_size)
+        return settings.checked_rank_settings(self, self._requested_size)
 
     def rank_inputs(self) -> Any:
         return self.call
@@ -148,7 +148,7 @@ class SharedFunction(FunctionCase, MultiProcContinuousTest):
     """mode="shared": one set of rank processes per SharedKey, with the shared classes' leak
     checks; its default group is made by the first test and kept."""
 
-    timeout: Any = devices.DefaultTimeout()  # seconds, as the fresh mode's (not a group's)
+    timeout: Any = settings.DefaultTimeout()  # seconds, as the fresh mode's (not a group's)
     shared_key: Optional[SharedKey] = None
 
     def shared_ranks_key(self) -> Any:

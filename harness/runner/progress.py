@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Optional, TextIO
 
-from harness import devices
+from harness import settings
 from harness.outcome.report import TestReport
 from harness.runner.lifecycle import STOP_SIGNALS
 
@@ -28,7 +28,7 @@ def progress_interval() -> float:
     except ValueError:
         interval = -1.0
     if interval < 0:
-        raise devices.HarnessConfigError(
+        raise settings.HarnessConfigError(
             f"{PROGRESS_INTERVAL_ENV}={value!r} is not a number of seconds >= 0"
         )
     return interval

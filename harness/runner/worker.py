@@ -25,7 +25,7 @@ from typing import Any, Dict, List, TextIO, Tuple
 
 import torch
 
-from harness import devices
+from harness import settings
 from harness.outcome.report import TestReport
 from harness.process import forkserver
 from harness.runner import lifecycle
@@ -83,7 +83,7 @@ def serve(units: TextIO, reporter: _Reporter) -> None:
     for line in units:
         unit = json.loads(line)
         cores = int(unit["cores"])
-        os.environ[devices.CORE_BUDGET_ENV] = str(cores)  # read when its ranks start
+        os.environ[settings.CORE_BUDGET_ENV] = str(cores)  # read when its ranks start
         torch.set_num_threads(cores)  # what tests in this process use
         module, ids = unit["module"], unit["ids"]
         collector.suite = module
@@ -111,7 +111,7 @@ def main() -> int:
     sys.path[:0] = [path for path in paths if path and path not in sys.path]
     with lifecycle.run_scope():
         try:
-            if devices.start_method() == "forkserver":
+            if settings.start_method() == "forkserver":
                 forkserver.preload(*modules)
             serve(sys.stdin, reporter)
         except KeyboardInterrupt as stop:
