@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import unittest
 from collections.abc import MutableMapping
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -202,8 +201,7 @@ def _device_type_names(value: DeviceTypes, what: str) -> Tuple[str, ...]:
 
 
 def _env_device_types(name: str) -> Tuple[str, ...]:
-    value = os.environ.get(name, "")
-    return tuple(value.split(",")) if value else ()
+    return settings.env_list(name)
 
 
 def _selected(device_type: str, only_for: Tuple[str, ...], except_for: Tuple[str, ...]) -> bool:

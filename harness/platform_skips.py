@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from harness import flags
+from harness import flags, settings
 from harness.skips import TEST_SKIPS, TEST_XPU, lazy_skip_if, skip_but_pass_in_sandcastle_if
 
 __all__ = [
@@ -38,11 +38,7 @@ __all__ = [
 ]
 
 
-def _env_on(name: str) -> bool:
-    return os.environ.get(name) == "1"
-
-
-TEST_WITH_TORCHDYNAMO = any(_env_on(name) for name in (
+TEST_WITH_TORCHDYNAMO = any(settings.upstream_flag(name) for name in (
     "PYTORCH_TEST_WITH_DYNAMO", "PYTORCH_TEST_WITH_INDUCTOR", "PYTORCH_TEST_WITH_AOT_EAGER"))
 
 # ------------------------------------------------------------------ the machine's answers

@@ -13,7 +13,6 @@ decided by `accelerators_suffice` alone: that is the one place to change what co
 from __future__ import annotations
 
 import functools
-import os
 import unittest
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -23,16 +22,11 @@ import torch.distributed as dist
 from harness import settings
 from harness.skip_codes import TEST_SKIPS
 
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "0") == "1"
-
-
-TEST_WITH_DEV_DBG_ASAN = _env_flag("PYTORCH_TEST_WITH_DEV_DBG_ASAN")
+TEST_WITH_DEV_DBG_ASAN = settings.upstream_flag("PYTORCH_TEST_WITH_DEV_DBG_ASAN")
 # As upstream: a ROCm build of torch, or PYTORCH_TEST_WITH_ROCM=1.
-TEST_WITH_ROCM = _env_flag("PYTORCH_TEST_WITH_ROCM") or torch.version.hip is not None
+TEST_WITH_ROCM = settings.upstream_flag("PYTORCH_TEST_WITH_ROCM") or torch.version.hip is not None
 # Meta's internal build; outside it only the upstream variable can turn it on.
-IS_FBCODE = _env_flag("PYTORCH_TEST_FBCODE")
+IS_FBCODE = settings.upstream_flag("PYTORCH_TEST_FBCODE")
 TEST_HPU = bool(hasattr(torch, "hpu") and torch.hpu.is_available())
 TEST_XPU = bool(hasattr(torch, "xpu") and torch.xpu.is_available())
 
@@ -110,7 +104,8 @@ def _world_size_of(args: Sequence[Any]) -> Any:
     """The world size a decorated test method runs with: its case's, else WORLD_SIZE, else 1."""
     if args and hasattr(args[0], "world_size"):
         return args[0].world_size
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = settings.env_int("WORLD_SIZE")
+    return 1 if world_size is None else world_size
 
 
 def requires(requirement: AcceleratorRequirement) -> Callable[[Any], Any]:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Typ
 import expecttest
 import torch
 
+from harness import settings
 from harness.comparison import mismatch
 from harness.compat import torch_function as compat_torch_function
 from harness.skips import check_case_requirements
@@ -51,12 +52,9 @@ def current_seed() -> int:
     """The seed every test starts from: HARNESS_SEED (set by `--seed N`) when set (as the
     `--seed` of older upstream versions won; the installed one has none); else `SEED` (a
     client may set it: `harness.SEED = 99`); else (SEED set to None) 1234."""
-    value = os.environ.get(SEED_ENV, "")
-    try:
-        if value:
-            return int(value)
-    except ValueError:
-        raise ValueError(f"{SEED_ENV}={value!r} is not an int") from None
+    seed = settings.env_int(SEED_ENV)
+    if seed is not None:
+        return seed
     return DEFAULT_SEED if SEED is None else int(SEED)
 
 

@@ -82,8 +82,8 @@ class DevicesTest(unittest.TestCase):
         ):
             self.assertTrue(settings.allow_cpu())
             self.assertFalse(settings.cpu_stands_in())
-        os.environ["HARNESS_ALLOW_CPU"] = "true"
-        with self.assertRaisesRegex(HarnessConfigError, "HARNESS_ALLOW_CPU='true' must be 1"):
+        os.environ["HARNESS_ALLOW_CPU"] = "maybe"
+        with self.assertRaisesRegex(HarnessConfigError, "^HARNESS_ALLOW_CPU='maybe' is not a sw"):
             settings.allow_cpu()
 
     def test_one_process_per_gpu_with_nccl(self):
@@ -220,8 +220,8 @@ class DevicesTest(unittest.TestCase):
         del os.environ["MASTER_ADDR"]
         with self.assertRaisesRegex(HarnessConfigError, "HARNESS_LAUNCHED=1 but MASTER_ADDR"):
             settings.torchrun_env()
-        os.environ["HARNESS_LAUNCHED"] = "yes"
-        with self.assertRaisesRegex(HarnessConfigError, "HARNESS_LAUNCHED='yes'"):
+        os.environ["HARNESS_LAUNCHED"] = "sure"
+        with self.assertRaisesRegex(HarnessConfigError, "HARNESS_LAUNCHED='sure'"):
             settings.torchrun_env()
 
     def test_base_world_size(self):
@@ -275,6 +275,102 @@ class DevicesTest(unittest.TestCase):
         with mock.patch.object(os, "sched_getaffinity", return_value={0, 1, 2, 3}, create=True):
             self.assertEqual(settings.intra_op_threads(2), 2)
             self.assertEqual(settings.intra_op_threads(8), 1)
+
+
+class ParsersTest(unittest.TestCase):
+    """One parser per kind of value; each bad value is one line naming the variable and value."""
+
+    NAME = "HARNESS_TEST_KNOB"
+
+    def setUp(self):
+        self.addCleanup(env(**{self.NAME: None}).stop)
+
+    def set(self, value):
+        os.environ[self.NAME] = value
+
+    def test_a_switch_takes_the_usual_words_in_any_case(self):
+        self.assertFalse(settings.env_flag(self.NAME))
+        self.assertTrue(settings.env_flag(self.NAME, default=True))
+        for word, on in (("1", True), ("true", True), ("Yes", True), ("TRUE", True),
+                         ("0", False), ("false", False), ("No", False), ("", False)):
+            self.set(word)
+            self.assertIs(settings.env_flag(self.NAME), on, word)
+
+    def test_a_bad_switch_is_one_line_naming_it(self):
+        self.set("2")
+        with self.assertRaises(HarnessConfigError) as caught:
+            settings.env_flag(self.NAME)
+        message = str(caught.exception)
+        self.assertTrue(message.startswith(f"{self.NAME}='2' "), message)
+        self.assertNotIn("\n", message)
+
+    def test_every_harness_switch_reads_the_same(self):
+        """HARNESS_ALLOW_CPU, HARNESS_SHOW_OUTPUT and HARNESS_LAUNCHED: one rule."""
+        readers = {
+            "HARNESS_ALLOW_CPU": settings.allow_cpu,
+            "HARNESS_SHOW_OUTPUT": settings.show_output,
+        }
+        for name, read in readers.items():
+            with self.subTest(name), mock.patch.dict(os.environ):
+                for word, on in (("yes", True), ("True", True), ("no", False), ("0", False)):
+                    os.environ[name] = word
+                    self.assertIs(read(), on, word)
+                os.environ[name] = "on"
+                with self.assertRaisesRegex(HarnessConfigError, f"^{name}='on' is not a switch"):
+                    read()
+
+    def test_upstream_knobs_keep_upstreams_meaning(self):
+        """common_utils' def_flag: off by default and on only for "1"; on by default and off
+        only for "0"; nothing else is an error."""
+        self.assertFalse(settings.upstream_flag(self.NAME))
+        self.assertTrue(settings.upstream_flag(self.NAME, default=True))
+        for value, off_default, on_default in (("1", True, True), ("0", False, False),
+                                               ("true", False, True), ("yes", False, True)):
+            self.set(value)
+            self.assertIs(settings.upstream_flag(self.NAME), off_default, value)
+            self.assertIs(settings.upstream_flag(self.NAME, default=True), on_default, value)
+
+    def test_seconds(self):
+        self.assertIsNone(settings.env_seconds(self.NAME))
+        self.set("2.5")
+        self.assertEqual(settings.env_seconds(self.NAME), 2.5)
+        for bad in ("0", "-1", "soon", "nan"):
+            self.set(bad)
+            with self.assertRaisesRegex(
+                HarnessConfigError, f"^{self.NAME}='{bad}' is not a positive number of seconds$"
+            ):
+                settings.env_seconds(self.NAME)
+        self.set("0")
+        self.assertEqual(settings.env_seconds(self.NAME, zero_ok=True), 0.0)
+        for good in (1, 0.5):
+            self.assertTrue(settings.is_positive_seconds(good))
+            self.assertEqual(settings.positive_seconds(good, "x"), float(good))
+        for bad in (0, -1, True, "5", None, float("nan")):
+            self.assertFalse(settings.is_positive_seconds(bad))
+            with self.assertRaisesRegex(
+                HarnessConfigError, "^Case.timeout must be a positive number of seconds, got "
+            ):
+                settings.positive_seconds(bad, "Case.timeout")
+
+    def test_counts(self):
+        self.assertIsNone(settings.env_int(self.NAME))
+        self.set("3")
+        self.assertEqual(settings.env_int(self.NAME, 1), 3)
+        self.set("-3")
+        self.assertEqual(settings.env_int(self.NAME), -3)  # a seed may be negative
+        with self.assertRaisesRegex(HarnessConfigError, f"^{self.NAME}='-3' must be at least 0$"):
+            settings.env_int(self.NAME, 0)
+        self.set("1.5")
+        with self.assertRaisesRegex(HarnessConfigError, f"^{self.NAME}='1.5' is not a whole"):
+            settings.env_int(self.NAME)
+
+    def test_choices_and_lists(self):
+        self.assertIsNone(settings.env_choice(self.NAME, ("a", "b")))
+        self.assertEqual(settings.env_list(self.NAME), ())
+        self.set("a,b")
+        self.assertEqual(settings.env_list(self.NAME), ("a", "b"))
+        with self.assertRaisesRegex(HarnessConfigError, f"^{self.NAME}='a,b' is not one of: a, b"):
+            settings.env_choice(self.NAME, ("a", "b"))
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ class CpuAdaptations:
                 return
             self._reported.add((key, test_id))
         print(f"[harness] HARNESS_ALLOW_CPU: {ADAPTATIONS[key][0]}", file=sys.stderr, flush=True)
-        path = os.environ.get(LOG_ENV)
+        path = settings.env_text(LOG_ENV)
         if path:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:  # one short write with O_APPEND: lines of concurrent ranks do not interleave
@@ -195,7 +195,7 @@ def adaptation_log() -> Iterator[None]:
 
     Nested runs (run_tests inside run_all.py's process) keep the outer run's log.
     """
-    if os.environ.get(LOG_ENV) or not settings.cpu_stands_in():
+    if settings.env_text(LOG_ENV) or not settings.cpu_stands_in():
         yield
         return
     folder = tempfile.mkdtemp(prefix="harness-cpu-adaptations-")
@@ -210,7 +210,7 @@ def adaptation_log() -> Iterator[None]:
 def summary_line() -> Optional[str]:
     """The run's summary of adaptations that fired, e.g. `CPU adaptations (HARNESS_ALLOW_CPU):
     FSDP1 device_id=cpu in 12 tests; DDP device_ids=None in 3 tests`; None when none fired."""
-    path = os.environ.get(LOG_ENV)
+    path = settings.env_text(LOG_ENV)
     if not path or not os.path.exists(path):
         return None
     tests: Dict[str, Set[str]] = {}

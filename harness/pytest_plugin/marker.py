@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
+from harness import settings
 from harness.process.leaks import CHECKS as LEAK_CHECKS
 from harness.process.leaks import OPT_IN_CHECKS as OPT_IN_LEAK_CHECKS
 
@@ -83,11 +84,11 @@ def check(ranks: Ranks, what: str = "@pytest.mark.ranks") -> None:
         )
     if ranks.backend is not None and not isinstance(ranks.backend, str):
         raise MarkerError(f"{what}: backend must be a name such as 'gloo', got {ranks.backend!r}")
-    timeout = ranks.timeout
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
-    ):
-        raise MarkerError(f"{what}: timeout must be a positive number of seconds, got {timeout!r}")
+    if ranks.timeout is not None:
+        try:
+            settings.positive_seconds(ranks.timeout, "timeout")
+        except settings.HarnessConfigError as error:
+            raise MarkerError(f"{what}: {error}") from None
     for name in ("allow_cpu", "init"):
         if not isinstance(getattr(ranks, name), bool):
             raise MarkerError(f"{what}: {name} must be True or False")

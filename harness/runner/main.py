@@ -184,7 +184,7 @@ def run_tests(argv: Optional[Sequence[str]] = None) -> None:
         sys.exit(2)
     if harness_args.debug_rank is not None:
         os.environ[settings.DEBUG_RANK_ENV] = str(harness_args.debug_rank)
-    if harness_args.allow_cpu and os.environ.get(settings.ALLOW_CPU_ENV) != "1":
+    if harness_args.allow_cpu and settings.env_text(settings.ALLOW_CPU_ENV) != "1":
         os.environ[settings.ALLOW_CPU_ENV] = "1"
         if argv_given is None:
             _restart_with_switch()
