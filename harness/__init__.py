@@ -34,7 +34,7 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
     "harness.dist_utils": (
         "captured_output", "with_dist_debug_levels",
     ),
-    "harness.flags": (
+    "harness.requirements.flags": (
         "E4M3_MAX_POS", "GPU_TYPE", "HAS_ACCELERATOR", "HAS_CUDA_AND_TRITON", "HAS_GPU",
         "HAS_TRITON", "IS_CI", "IS_H100", "IS_SANDCASTLE", "IS_WINDOWS", "MI200_ARCH", "MI300_ARCH",
         "MI350_ARCH", "NAVI_ARCH", "PLATFORM_SUPPORTS_CUDNN_ATTENTION",
@@ -139,11 +139,12 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
     "harness.subtests": (
         "run_subtests",
     ),
-    "harness.platform_skips": (
+    "harness.requirements.platform": (
         "TEST_WITH_TORCHDYNAMO", "get_required_world_size", "import_transformers_or_skip",
         "require_n_gpus_for_nccl_backend", "requires_cuda", "requires_cuda_and_triton",
         "requires_cuda_p2p_access", "requires_gpu", "requires_multicast_support",
-        "requires_nccl_shrink", "requires_nccl_version", "requires_triton", "requires_ucc",
+        "requires_nccl", "requires_nccl_shrink", "requires_nccl_version", "requires_triton",
+        "requires_ucc",
         "requires_world_size", "runOnRocmArch", "skip_but_pass_in_sandcastle",
         "skip_if_rocm_arch_multiprocess", "skip_if_rocm_ver_lessthan_multiprocess", "skip_if_win32",
         "skipIfRocmArch", "skipIfRocmVersionLessThan", "skipIfTorchDynamo", "skipIfXpu",
@@ -159,13 +160,13 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
     "harness.runner.main": (
         "run_tests",
     ),
-    "harness.skip_codes": (
+    "harness.requirements.skip_codes": (
         "TEST_SKIPS",
     ),
-    "harness.skips": (
+    "harness.requirements.decorators": (
         "IS_FBCODE", "TEST_HPU", "TEST_WITH_DEV_DBG_ASAN", "TEST_WITH_ROCM",
         "TEST_XPU", "at_least_x_gpu", "requires_accelerator_dist_backend", "requires_gloo",
-        "requires_nccl", "skip_but_pass_in_sandcastle_if", "skip_if_lt_x_gpu", "skip_if_no_gpu",
+        "skip_but_pass_in_sandcastle_if", "skip_if_lt_x_gpu", "skip_if_no_gpu",
         "skip_if_rocm_multiprocess", "skipIfHpu", "skipIfRocm",
     ),
     "harness.test_helpers": (

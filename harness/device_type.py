@@ -31,6 +31,7 @@ from harness.parametrize import (
     dtype_name,
     generated_test,
 )
+from harness.requirements import decorators
 from harness.testcase import TestCase
 
 DeviceTypes = Union[str, Sequence[str], None]
@@ -219,7 +220,7 @@ def _runs_as_accelerator(device_type: str) -> bool:
     """Whether a test restricted to accelerators runs in `device_type`'s class: an accelerator
     type does, and "cpu" does while the CPU stands in for accelerators (HARNESS_ALLOW_CPU=1)."""
     if device_type == "cpu":
-        return settings.cpu_stands_in()
+        return decorators.cpu_stands_in()
     return device_type not in NON_ACCELERATOR_TYPES
 
 
@@ -246,7 +247,7 @@ def device_types_to_instantiate(
         raise ValueError(f"device types {both} appear in both only_for and except_for")
     available = ["cpu", *(["cuda"] if settings.accelerator_count() > 0 else [])]
     env_only, env_excluded = _env_device_types(ONLY_FOR_ENV), _env_device_types(EXCEPT_FOR_ENV)
-    if settings.cpu_stands_in():
+    if decorators.cpu_stands_in():
         only, env_only = _with_cpu_for_accelerators(only), _with_cpu_for_accelerators(env_only)
     return [
         t for t in available

@@ -10,8 +10,8 @@ per kind of value: `env_flag` (a HARNESS_* switch: 1/true/yes or 0/false/no, any
 values that do not come from the environment too), `env_int` (counts, ranks, seeds),
 `env_choice`, `env_text` and `env_list`; a bad value is a one-line `HarnessConfigError`
 naming the variable and the value. Each rule has one function here: `rank_device`,
-`backend_for`, `base_world_size` (a base's default; harness/world_size.py adds a class's own
-and the accelerator gate), `test_timeout`, `torchrun_env`.
+`backend_for`, `base_world_size` (a base's default; harness/requirements/world_size.py adds a
+class's own and the accelerator gate), `test_timeout`, `torchrun_env`.
 """
 
 from __future__ import annotations
@@ -198,12 +198,6 @@ def accelerator_count() -> int:
 def allow_cpu() -> bool:
     """Whether HARNESS_ALLOW_CPU=1 asks to run accelerator-written tests on CPU (off by default)."""
     return env_flag(ALLOW_CPU_ENV)
-
-
-def cpu_stands_in() -> bool:
-    """Whether the CPU stands in for the accelerators tests ask for: the switch is on and
-    this machine has none (with accelerators present the switch changes nothing)."""
-    return allow_cpu() and accelerator_count() == 0
 
 
 def device_type() -> str:

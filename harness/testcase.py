@@ -8,7 +8,7 @@ tests in tests/test_testcase.py hold them to upstream's). Around each test, as u
 random generators are seeded, sparse tensors check their invariants, grad mode is restored,
 and a torch-function mode left behind (`torch.set_default_device` pushes one) fails the test
 and is removed. `setUp` also honours accelerator requirements declared on the test class
-(harness/skips.py).
+(harness/requirements/decorators.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 from harness import settings
 from harness.comparison import mismatch
 from harness.compat import torch_function as compat_torch_function
-from harness.skips import check_case_requirements
+from harness.requirements.decorators import check_case_requirements
 from harness.subtests import run_subtests
 
 # unittest and pytest hide frames of modules that define these (as unittest hides its own):

@@ -22,7 +22,7 @@ from harness import settings
 from harness.device_type import instantiate_device_type_tests
 from harness.kit.fsdp import FSDPTestContinuous
 from harness.process.continuous import MultiProcContinuousTest, class_device_type
-from harness.skips import accelerators_suffice, skip_if_lt_x_gpu
+from harness.requirements.decorators import accelerators_suffice, skip_if_lt_x_gpu
 from tests.test_fsdp import UPSTREAM_STYLE, run_script
 
 # What a 2-rank FSDPTestContinuous test that allows the CPU ends as here: run on CPU or with a

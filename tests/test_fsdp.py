@@ -25,7 +25,7 @@ from harness.kit.fsdp_helpers import get_full_params
 from harness.kit.models import DEVICEInitMode, FSDPInitMode, NestedWrappedModule
 from harness.parametrize import instantiate_parametrized_tests, parametrize
 from harness.process.case import MAIN_PROCESS_RANK
-from harness.skips import skip_if_lt_x_gpu
+from harness.requirements.decorators import skip_if_lt_x_gpu
 
 
 @pytest.mark.slow

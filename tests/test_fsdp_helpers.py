@@ -42,7 +42,7 @@ from harness.kit.fsdp_helpers import (
     reduce_scatter_with_assert,
     subtest_name,
 )
-from harness.skips import skip_if_lt_x_gpu
+from harness.requirements.decorators import skip_if_lt_x_gpu
 from harness.testcase import TestCase
 
 # Each patch helper, what it patches (owner, attribute) in this torch.

@@ -19,8 +19,8 @@ from harness.launch.context import RankContext
 from harness.launch.in_process import SimulatedRanks, run_rank_here
 from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import Event, RankRecord, RecordSink, ReportingResult
+from harness.requirements.decorators import skip_if_lt_x_gpu
 from harness.settings import HarnessConfigError
-from harness.skips import skip_if_lt_x_gpu
 
 CALLS: List[str] = []
 HARNESS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "harness")

@@ -22,8 +22,8 @@ KNOWN_CYCLES: List[Set[str]] = []
 # launch modes, the runner and the kit: it must not import them, at module level or inside code.
 FOUNDATION = {
     "harness.testcase", "harness.comparison", "harness.parametrize", "harness.subtests",
-    "harness.skips", "harness.settings", "harness.device_type", "harness.dist_utils",
-    "harness.pytest_marks",
+    "harness.requirements.decorators", "harness.settings", "harness.device_type",
+    "harness.dist_utils", "harness.pytest_marks",
 }
 ABOVE_FOUNDATION = ("harness.launch", "harness.process", "harness.threads", "harness.runner",
                     "harness.kit")
@@ -199,7 +199,7 @@ class LayersTest(unittest.TestCase):
 
     def test_the_torch_finder_follows_imports(self) -> None:
         self.assertEqual(loads_torch("harness.comparison")[-1], "torch")
-        self.assertEqual(loads_torch("harness.skip_codes"), [])
+        self.assertEqual(loads_torch("harness.requirements.skip_codes"), [])
 
     def test_testcase_imports_neither_parametrization_nor_launch(self) -> None:
         found = imports("harness.testcase", module_level=False)

@@ -29,8 +29,8 @@ from harness.outcome.rank_record import RankRecord, RecordSink, ReportingResult
 from harness.process import torchrun
 from harness.process.case import DistributedTestBase, MultiProcessTestCase
 from harness.process.supervisor import RankGroup
+from harness.requirements.decorators import TEST_SKIPS, skip_if_no_gpu
 from harness.settings import HarnessConfigError
-from harness.skips import TEST_SKIPS, skip_if_no_gpu
 from tests import fault_cases
 from tests.fault_cases import FAULT_DIR_ENV
 from tests.fixtures import procs

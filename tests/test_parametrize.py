@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness import TestCase, instantiate_parametrized_tests, parametrize, subtest
-from harness.skips import REQUIREMENTS_ATTR, skip_if_lt_x_gpu
+from harness.requirements.decorators import REQUIREMENTS_ATTR, skip_if_lt_x_gpu
 from tests.upstream_style.ids_declarations import declare, upstream_declarations
 
 

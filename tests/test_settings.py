@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from harness import settings
+from harness.requirements import decorators
 from harness.settings import HarnessConfigError
 from tests.fixtures import upstream_diff
 
@@ -68,12 +69,12 @@ class DevicesTest(unittest.TestCase):
         the devices still describe the machine."""
         with mock.patch.object(torch.cuda, "is_available", return_value=False):
             self.assertFalse(settings.allow_cpu())
-            self.assertFalse(settings.cpu_stands_in())
+            self.assertFalse(decorators.cpu_stands_in())
             for off in ("", "0"):
                 os.environ["HARNESS_ALLOW_CPU"] = off
-                self.assertFalse(settings.cpu_stands_in())
+                self.assertFalse(decorators.cpu_stands_in())
             os.environ["HARNESS_ALLOW_CPU"] = "1"
-            self.assertTrue(settings.cpu_stands_in())
+            self.assertTrue(decorators.cpu_stands_in())
             self.assertEqual(settings.device_type(), "cpu")
             self.assertEqual(settings.rank_device(1), torch.device("cpu"))
         with (
@@ -81,7 +82,7 @@ class DevicesTest(unittest.TestCase):
             mock.patch.object(torch.cuda, "device_count", return_value=2),
         ):
             self.assertTrue(settings.allow_cpu())
-            self.assertFalse(settings.cpu_stands_in())
+            self.assertFalse(decorators.cpu_stands_in())
         os.environ["HARNESS_ALLOW_CPU"] = "maybe"
         with self.assertRaisesRegex(HarnessConfigError, "^HARNESS_ALLOW_CPU='maybe' is not a sw"):
             settings.allow_cpu()

@@ -14,8 +14,8 @@ import torch
 import torch.nn as nn
 
 from harness import settings
+from harness.requirements.decorators import TEST_HPU, TEST_XPU
 from harness.settings import TIMEOUT_OVERRIDE  # the one dict the bases' timeouts read
-from harness.skips import TEST_HPU, TEST_XPU
 
 __all__ = [
     "SaveForwardInputsModel", "SaveForwardInputsModule", "TIMEOUT_OVERRIDE", "get_timeout",

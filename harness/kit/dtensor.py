@@ -32,7 +32,7 @@ from harness.launch.in_process import SimulatedRanks
 from harness.launch.launcher import Launcher
 from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
-from harness.skips import TEST_SKIPS, accelerators_suffice, skip_if_lt_x_gpu
+from harness.requirements.decorators import TEST_SKIPS, accelerators_suffice, skip_if_lt_x_gpu
 from harness.testcase import TestCase
 from harness.threads.case import MultiThreadedTestCase
 

@@ -37,10 +37,10 @@ from harness.kit.models import DEVICEInitMode, FSDPInitMode, fsdp_kwargs_for_dev
 from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest, class_device_type
 from harness.process.rank import destroy_default_group
-from harness.skips import require_accelerator_per_rank
+from harness.requirements.decorators import require_accelerator_per_rank
+from harness.requirements.world_size import BaseWorldSize
 from harness.threads.case import MultiThreadedTestCase
 from harness.threads.world import RankReleased
-from harness.world_size import BaseWorldSize
 
 
 class _RankDevice:

@@ -30,7 +30,7 @@ from torch.distributed._shard.sharding_spec import (
 from harness import settings
 from harness.network import tp_transports
 from harness.process.case import MultiProcessTestCase
-from harness.skips import TEST_SKIPS
+from harness.requirements.decorators import TEST_SKIPS
 
 __all__ = [
     "DEFAULT_GPU_NUM", "PLACEMENTS", "TEST_GPU_NUM", "MyShardedModel1", "MyShardedModel2",

@@ -30,10 +30,15 @@ from harness.outcome.merge import decide
 from harness.outcome.rank_record import RankRecord
 from harness.outcome.replay import replay
 from harness.outcome.report import TestReport
-from harness.skip_codes import SKIP_BY_EXIT_CODE
-from harness.skips import check_case_requirements
+from harness.requirements.decorators import check_case_requirements
+from harness.requirements.skip_codes import SKIP_BY_EXIT_CODE
+from harness.requirements.world_size import (
+    BaseWorldSize,
+    fix_world_size,
+    world_size_of,
+    wrap_world_size,
+)
 from harness.testcase import TestCase, current_seed, seed_everything
-from harness.world_size import BaseWorldSize, fix_world_size, world_size_of, wrap_world_size
 
 # unittest and pytest hide frames of modules that define these, as unittest does for its
 # own: a multi-rank failure then shows the rank's traceback, not the supervisor's.
@@ -71,7 +76,7 @@ class RankedTestCase(TestCase):
     deadline: Optional[float] = None
     timeout_cap: Optional[float] = None  # what meeting the deadline leaves (settings.test_timeout)
     # How many ranks run the test (classes override it, as an int or a property): the base's
-    # default; once a run decided the number (harness/world_size.py), that number.
+    # default; once a run decided the number (harness/requirements/world_size.py), that number.
     world_size: int = BaseWorldSize()  # type: ignore[assignment]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -29,8 +29,8 @@ from harness.outcome.report import FAILED, PASSED, Outcome
 from harness.process import forkserver
 from harness.process.launchers import FreshProcesses, process_launcher
 from harness.process.rank import destroy_default_group
-from harness.skip_codes import TEST_SKIPS
-from harness.world_size import BaseWorldSize, world_size_of
+from harness.requirements.skip_codes import TEST_SKIPS
+from harness.requirements.world_size import BaseWorldSize, world_size_of
 
 # unittest hides frames of modules that define this: a verdict's report starts at the ranks.
 __unittest = True
@@ -51,7 +51,7 @@ class MultiProcessTestCase(RankedTestCase):
 
     MAIN_PROCESS_RANK = MAIN_PROCESS_RANK
     TEST_ERROR_EXIT_CODE = TEST_ERROR_EXIT_CODE
-    # Upstream's 4; under torchrun, the processes it launched (harness/world_size.py).
+    # Upstream's 4; under torchrun, the processes it launched (harness/requirements/world_size.py).
     world_size: int = BaseWorldSize(launched=True)  # type: ignore[assignment]
     grid_sync_timeout: float = 30.0  # seconds a rank waits for the others after a grid point
     _init_method: Optional[str] = None  # set only by a suite that assigns `init_method`

@@ -31,7 +31,7 @@ from harness.launch.launcher import Launcher
 from harness.process import shared as shared_ranks
 from harness.process.case import MultiProcessTestCase
 from harness.process.launchers import SharedProcesses, process_launcher
-from harness.world_size import BaseWorldSize
+from harness.requirements.world_size import BaseWorldSize
 
 
 def class_device_type(cls: type) -> str:

@@ -33,7 +33,7 @@ from typing import Any, Generator, Optional, Tuple
 
 import pytest
 
-from harness import settings, skips
+from harness import settings
 from harness.compat import pytest_internals
 from harness.launch.case import RankedTestCase
 from harness.outcome.replay import rank_report
@@ -41,6 +41,7 @@ from harness.process import assert_rewrite, forkserver, shared
 from harness.process.case import MultiProcessTestCase
 from harness.pytest_plugin import deepspeed, fixtures, functions, leases, pool, stash
 from harness.pytest_plugin import report as report_layout
+from harness.requirements import decorators
 
 MARKERS = (
     "ranks(N | [N, ...], *, mode='fresh'|'shared'|'threads', device='auto'|'cpu'|'cuda', "
@@ -173,7 +174,7 @@ def _starts_rank_processes(item: pytest.Item) -> bool:
     if not (isinstance(cls, type) and issubclass(cls, MultiProcessTestCase)):
         return False
     try:
-        return not skips.skips_before_it_starts(cls, getattr(cls, item.name, None))
+        return not decorators.skips_before_it_starts(cls, getattr(cls, item.name, None))
     except settings.HarnessConfigError:
         return False  # the test itself reports it
 

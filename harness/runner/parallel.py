@@ -39,9 +39,9 @@ from harness import settings
 from harness.launch.case import RankedTestCase
 from harness.outcome.fold import fold
 from harness.outcome.report import ERROR, Outcome, TestReport
+from harness.requirements.world_size import world_size_of
 from harness.runner.loader import Plan
 from harness.runner.worker import PATH_ENV, PRELOAD_ENV, WORKER_FD_ENV
-from harness.world_size import world_size_of
 
 # Not `-m harness.runner.worker`: the package imports the module before runpy would run it.
 WORKER_COMMAND = "import sys; from harness.runner.worker import main; sys.exit(main())"

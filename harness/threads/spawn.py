@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from harness import settings
 from harness.compat import c10d_world
-from harness.skips import TEST_SKIPS
+from harness.requirements.decorators import TEST_SKIPS
 from harness.threads import backend as threaded_pg
 from harness.threads import world as thread_world
 

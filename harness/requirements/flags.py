@@ -15,8 +15,8 @@ import torch
 
 from harness import settings
 from harness.compat.inductor import has_triton
+from harness.requirements.decorators import TEST_HPU, TEST_WITH_ROCM, TEST_XPU
 from harness.settings import TEST_CUDA
-from harness.skips import TEST_HPU, TEST_WITH_ROCM, TEST_XPU
 
 __all__ = [
     "E4M3_MAX_POS", "GPU_TYPE", "HAS_ACCELERATOR", "HAS_CUDA_AND_TRITON", "HAS_GPU",

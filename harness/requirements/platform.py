@@ -21,13 +21,21 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from harness import flags, settings
-from harness.skips import TEST_SKIPS, TEST_XPU, lazy_skip_if, skip_but_pass_in_sandcastle_if
+from harness import settings
+from harness.requirements import flags
+from harness.requirements.decorators import (
+    TEST_SKIPS,
+    TEST_XPU,
+    AcceleratorRequirement,
+    lazy_skip_if,
+    requires,
+    skip_but_pass_in_sandcastle_if,
+)
 
 __all__ = [
     "TEST_WITH_TORCHDYNAMO", "get_required_world_size", "import_transformers_or_skip",
     "require_n_gpus_for_nccl_backend", "requires_cuda", "requires_cuda_and_triton",
-    "requires_cuda_p2p_access", "requires_gpu", "requires_multicast_support",
+    "requires_cuda_p2p_access", "requires_gpu", "requires_multicast_support", "requires_nccl",
     "requires_nccl_shrink", "requires_nccl_version", "requires_triton", "requires_ucc",
     "requires_world_size", "runOnRocmArch", "skipIfRocmArch", "skipIfRocmVersionLessThan",
     "skipIfTorchDynamo", "skipIfXpu", "skip_but_pass_in_sandcastle",
@@ -169,6 +177,14 @@ def skip_but_pass_in_sandcastle(reason: str) -> Callable[[Any], Any]:
 
 
 # ------------------------------------------------------------------ common_distributed
+
+
+def requires_nccl() -> Callable[[Any], Any]:
+    """Skip unless torch was built with the NCCL backend: an accelerator requirement
+    (harness/requirements/decorators.py), met on CPU where the CPU stands in."""
+    return requires(AcceleratorRequirement(
+        0, backends=("nccl",), message="c10d was not compiled with the NCCL backend"
+    ))
 
 
 def requires_nccl_version(version: Tuple[int, ...], msg: str) -> Callable[[Any], Any]:

@@ -21,7 +21,7 @@ import unittest
 from typing import Any, Optional
 
 from harness import settings
-from harness.skips import cpu_gate
+from harness.requirements.decorators import cpu_gate
 
 
 class BaseWorldSize:
