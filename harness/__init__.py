@@ -22,7 +22,7 @@ if "pytest" in sys.modules:  # pytest loads us as its plugin: our own modules ne
 
 # Each public name, under the module that defines it. A new export is one entry here.
 _HOMES: Dict[str, Tuple[str, ...]] = {
-    "harness.device_type": (
+    "harness.single_process.device_type": (
         "DeviceTypeTestBase", "deviceCountAtLeast", "dtypes", "dtypesIfCPU", "dtypesIfCUDA",
         "instantiate_device_type_tests", "onlyAccelerator", "onlyCPU", "onlyCUDA",
         "onlyNativeDeviceTypes", "onlyOn", "skipCPUIf", "skipCUDAIf", "skipMeta", "skipMetaIf",
@@ -133,10 +133,10 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "ADDRESS_IN_USE", "CONNECT_TIMEOUT", "FILE_SCHEMA", "create_device", "create_tcp_store",
         "find_free_port", "retry_on_connect_failures", "tp_transports",
     ),
-    "harness.parametrize": (
+    "harness.single_process.parametrize": (
         "instantiate_parametrized_tests", "parametrize", "subtest",
     ),
-    "harness.subtests": (
+    "harness.single_process.subtests": (
         "run_subtests",
     ),
     "harness.requirements.platform": (
@@ -172,7 +172,7 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
     "harness.test_helpers": (
         "NoTest", "check_leaked_tensors", "get_cycles_per_ms", "load_tests", "wrapSwapTensorsTest",
     ),
-    "harness.testcase": (
+    "harness.single_process.testcase": (
         "SEED", "TestCase",
     ),
     "harness.threads.case": (
@@ -212,13 +212,15 @@ _REPLACED: Dict[str, Any] = {}
 
 
 class _Package(types.ModuleType):
-    """A public name wins over a submodule of the same name (`harness.parametrize` is the
-    decorator): importing the submodule must not replace the name bound here.
+    """A public name wins over a submodule of the same name, should a module bearing a public
+    name ever sit at the top of harness/ (as harness/parametrize.py did before it moved to
+    harness/single_process/): importing the submodule must not replace the name bound here.
 
     Assigning a public name through the package also assigns it in the module that defines
     it, so that module state a client sets reaches the code that reads it, as assigning an
     upstream module's global does: a file migrated to `import harness as common_utils` that
-    sets `common_utils.SEED = 99` seeds its tests with 99 (harness.testcase reads its SEED).
+    sets `common_utils.SEED = 99` seeds its tests with 99 (harness.single_process.testcase reads
+    its SEED).
     Deleting the name (as `mock.patch` does on exit) restores the defining module's value."""
 
     def __setattr__(self, name: str, value: Any) -> None:

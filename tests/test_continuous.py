@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 
 from harness import settings
-from harness.device_type import instantiate_device_type_tests
 from harness.kit.fsdp import FSDPTestContinuous
 from harness.process.continuous import MultiProcContinuousTest, class_device_type
 from harness.requirements.decorators import accelerators_suffice, skip_if_lt_x_gpu
+from harness.single_process.device_type import instantiate_device_type_tests
 from tests.test_fsdp import UPSTREAM_STYLE, run_script
 
 # What a 2-rank FSDPTestContinuous test that allows the CPU ends as here: run on CPU or with a

@@ -43,7 +43,7 @@ from harness.kit.fsdp_helpers import (
     subtest_name,
 )
 from harness.requirements.decorators import skip_if_lt_x_gpu
-from harness.testcase import TestCase
+from harness.single_process.testcase import TestCase
 
 # Each patch helper, what it patches (owner, attribute) in this torch.
 PATCHES = {

@@ -82,8 +82,8 @@ class VersionTest(unittest.TestCase):
 class LazyNamesTest(unittest.TestCase):
     """Names load on first use: a submodule, or one name, imports only what it needs."""
 
-    def test_a_submodule_of_the_same_name_does_not_replace_the_public_name(self):
-        module = importlib.import_module("harness.parametrize")
+    def test_importing_a_public_names_module_does_not_replace_the_public_name(self):
+        module = importlib.import_module("harness.single_process.parametrize")
         self.assertIs(harness.parametrize, module.parametrize)
         from harness import parametrize
 
@@ -115,7 +115,7 @@ class LazyNamesTest(unittest.TestCase):
                               env=child_env(zygote.FRESH_INTERPRETER),
                               capture_output=True, text=True, timeout=300)
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertEqual(proc.stdout.split(), ["False", "True", "harness.testcase"])
+        self.assertEqual(proc.stdout.split(), ["False", "True", "harness.single_process.testcase"])
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ class NewModeNeedsOnlyALauncher(unittest.TestCase):
             checked.append(case.id())
 
         records = [finished(0, Event("success")), finished(1, Event("success"))]
-        with mock.patch("harness.testcase.check_case_requirements", count), \
+        with mock.patch("harness.single_process.testcase.check_case_requirements", count), \
                 mock.patch("harness.launch.case.check_case_requirements", count):
             result, _ = run(records)
             self.assertTrue(result.wasSuccessful(), result.failures + result.errors)

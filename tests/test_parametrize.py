@@ -1,4 +1,5 @@
-"""harness.parametrize: generated test names, stacking, errors (grids: test_subtests.py)."""
+"""harness.single_process.parametrize: generated test names, stacking, errors (grids:
+test_subtests.py)."""
 
 import enum
 import unittest

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from harness.compat import c10d_world
-from harness.testcase import TestCase
+from harness.single_process.testcase import TestCase
 from harness.threads import backend as threaded_pg
 from harness.threads import world as thread_world
 from harness.threads.case import MultiThreadedTestCase

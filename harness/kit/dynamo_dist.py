@@ -18,7 +18,7 @@ from harness import settings
 from harness.compat.dynamo import reset_dynamo, test_config
 from harness.kit.fake_pg import FakeStore
 from harness.process.case import DistributedTestBase
-from harness.testcase import TestCase
+from harness.single_process.testcase import TestCase
 
 __all__ = [
     "DynamoDistributedMultiProcTestCase", "DynamoDistributedSingleProcTestCase",

@@ -38,7 +38,7 @@ from harness.requirements.world_size import (
     world_size_of,
     wrap_world_size,
 )
-from harness.testcase import TestCase, current_seed, seed_everything
+from harness.single_process.testcase import TestCase, current_seed, seed_everything
 
 # unittest and pytest hide frames of modules that define these, as unittest does for its
 # own: a multi-rank failure then shows the rank's traceback, not the supervisor's.

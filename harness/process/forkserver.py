@@ -76,7 +76,7 @@ LOG_TAIL_CHARS = 4000  # of the forkserver's log, in the error of a test it coul
 # harness/compat/comparison.py; test code that uses DTensor brings it with its own imports.
 # Missing modules are skipped.
 _preload: List[str] = [
-    "torch", "torch.distributed", "numpy", "numpy.random", "harness.testcase",
+    "torch", "torch.distributed", "numpy", "numpy.random", "harness.single_process.testcase",
     "harness.process.rank",
 ]
 _test_modules: List[str] = []  # the test code, imported last (by harness.process.forkserver_main)

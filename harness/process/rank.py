@@ -46,7 +46,7 @@ from harness.outcome.rank_record import (
 )
 from harness.process import assert_rewrite, leaks
 from harness.settings import DEBUG_RANK_ENV
-from harness.testcase import current_seed
+from harness.single_process.testcase import current_seed
 
 STACK_SIGNAL = signal.SIGUSR1  # the parent sends it to get a rank's Python stack
 COLLECTIVES_SIGNAL = signal.SIGUSR2  # ... and this one for the collectives it entered

@@ -32,7 +32,7 @@ from harness.runner.order import ORDERS, OrderError, chosen_order, reorder
 from harness.runner.order import describe as describe_order
 from harness.runner.parallel import parse_jobs
 from harness.runner.progress import progress_interval
-from harness.testcase import SEED_ENV, current_seed
+from harness.single_process.testcase import SEED_ENV, current_seed
 
 DEFAULT_XML_DIR = "test-reports"
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, List, Sequence, TextIO, Tuple
 from harness.outcome.fold import hand_report, last_line
 from harness.outcome.replay import replaying
 from harness.outcome.report import ERROR, Outcome, TestReport
-from harness.pytest_marks import honour_pytest_marks
+from harness.single_process.pytest_marks import honour_pytest_marks
 
 SUITES_PACKAGE = "test_cases"
 
@@ -239,7 +239,7 @@ class SuiteLoader(unittest.TestLoader):
 
 def load_module(module: str) -> List[unittest.TestCase]:
     """The module's tests in run order, by SuiteLoader's import rules, with their pytest marks
-    honoured (harness/pytest_marks.py)."""
+    honoured (harness/single_process/pytest_marks.py)."""
     return honour_pytest_marks(flatten(SuiteLoader().loadTestsFromModuleName(module)))
 
 

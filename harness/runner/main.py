@@ -22,7 +22,6 @@ import expecttest
 from harness import settings
 from harness.compat import cpu_defaults as compat_cpu_defaults
 from harness.process import forkserver
-from harness.pytest_marks import honour_pytest_marks
 from harness.runner import lifecycle, upstream_flags
 from harness.runner.cli import print_list, run_tests_parser
 from harness.runner.engine import Engine, Options, closing_line
@@ -31,7 +30,8 @@ from harness.runner.loader import UsageError, flatten, repeat
 from harness.runner.order import OrderError, chosen_order, reorder
 from harness.runner.order import describe as describe_order
 from harness.runner.results import Tally
-from harness.testcase import SEED_ENV, current_seed
+from harness.single_process.pytest_marks import honour_pytest_marks
+from harness.single_process.testcase import SEED_ENV, current_seed
 
 HARNESS_FLAGS_HELP = """
 Harness options (besides unittest's):

@@ -23,7 +23,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 
 from harness import settings
-from harness.parametrize import (
+from harness.requirements import decorators
+from harness.single_process.parametrize import (
     PARAMETRIZE_ATTR,
     Variant,
     add_generated_test,
@@ -31,8 +32,7 @@ from harness.parametrize import (
     dtype_name,
     generated_test,
 )
-from harness.requirements import decorators
-from harness.testcase import TestCase
+from harness.single_process.testcase import TestCase
 
 DeviceTypes = Union[str, Sequence[str], None]
 

@@ -1,13 +1,13 @@
 """The single-process base, as upstream's common_utils.TestCase: assertEqual, seeding, and
 the process state each test must leave as it found it.
 
-Every harness base class derives from `TestCase`, so rank processes and rank threads compare
-values the same way a plain unit test does, and the way upstream's TestCase does (its keywords,
-tolerances, `precision`/`rel_tol`, verdicts and messages: harness/comparison.py; differential
-tests in tests/test_testcase.py hold them to upstream's). Around each test, as upstream: the
-random generators are seeded, sparse tensors check their invariants, grad mode is restored,
-and a torch-function mode left behind (`torch.set_default_device` pushes one) fails the test
-and is removed. `setUp` also honours accelerator requirements declared on the test class
+Every harness base class derives from `TestCase`, so rank processes and rank threads compare values
+the same way a plain unit test does, and the way upstream's TestCase does (its keywords, tolerances,
+`precision`/`rel_tol`, verdicts and messages: harness/single_process/comparison.py; differential
+tests in tests/test_testcase.py hold them to upstream's). Around each test, as upstream: the random
+generators are seeded, sparse tensors check their invariants, grad mode is restored, and a
+torch-function mode left behind (`torch.set_default_device` pushes one) fails the test and is
+removed. `setUp` also honours accelerator requirements declared on the test class
 (harness/requirements/decorators.py).
 """
 
@@ -29,10 +29,10 @@ import expecttest
 import torch
 
 from harness import settings
-from harness.comparison import mismatch
 from harness.compat import torch_function as compat_torch_function
 from harness.requirements.decorators import check_case_requirements
-from harness.subtests import run_subtests
+from harness.single_process.comparison import mismatch
+from harness.single_process.subtests import run_subtests
 
 # unittest and pytest hide frames of modules that define these (as unittest hides its own):
 # a failure points at the test's line, not at assertEqual or the harness's method routing.
@@ -387,6 +387,7 @@ class TestCase(expecttest.TestCase):
     def run_subtests(
         self, grid: Dict[str, Sequence[Any]], fn: Callable, *args: Any, **kwargs: Any
     ) -> None:
-        """Run `fn` for every point of `grid`, each point a subTest (harness/subtests.py)."""
+        """Run `fn` for every point of `grid`, each point a subTest
+        (harness/single_process/subtests.py)."""
         run_subtests(self, grid, fn, *args, **kwargs)
 
