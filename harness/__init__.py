@@ -31,7 +31,7 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
     "harness.settings": (
         "TEST_CUDA", "TEST_MULTIGPU", "TIMEOUT_DEFAULT", "TIMEOUT_OVERRIDE", "HarnessConfigError",
     ),
-    "harness.dist_utils": (
+    "harness.upstream.dist_utils": (
         "captured_output", "with_dist_debug_levels",
     ),
     "harness.requirements.flags": (
@@ -44,7 +44,7 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "SM80OrLater", "SM89OrLater", "SM90OrLater", "SM100OrLater", "_get_torch_rocm_version",
         "e4m3_type", "rocm_arch_any_of",
     ),
-    "harness.grad_checks": (
+    "harness.upstream.grad_checks": (
         "_assertGradAndGradgradChecks", "dtype2prec_DONTUSE", "gradcheck", "gradgradcheck",
     ),
     "harness.pytest_plugin.fixtures": (
@@ -129,7 +129,7 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "FusionEmbedding", "FusionEmbeddingWithHook", "FusionEmbeddingWithModifier",
         "VerifyStateDictMixin",
     ),
-    "harness.network": (
+    "harness.upstream.network": (
         "ADDRESS_IN_USE", "CONNECT_TIMEOUT", "FILE_SCHEMA", "create_device", "create_tcp_store",
         "find_free_port", "retry_on_connect_failures", "tp_transports",
     ),
@@ -169,7 +169,7 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "skip_but_pass_in_sandcastle_if", "skip_if_lt_x_gpu", "skip_if_no_gpu",
         "skip_if_rocm_multiprocess", "skipIfHpu", "skipIfRocm",
     ),
-    "harness.test_helpers": (
+    "harness.upstream.test_helpers": (
         "NoTest", "check_leaked_tensors", "get_cycles_per_ms", "load_tests", "wrapSwapTensorsTest",
     ),
     "harness.single_process.testcase": (

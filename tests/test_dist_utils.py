@@ -1,4 +1,5 @@
-"""harness.dist_utils, and the upstream-style file that uses the common_distributed surface.
+"""harness.upstream.dist_utils, and the upstream-style file that uses the common_distributed
+surface.
 
 `UpstreamStyleFileTest` runs tests/upstream_style/dist_common_distributed.py as a script,
 as a user runs a migrated upstream file, and checks every test id and its outcome.

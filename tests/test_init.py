@@ -47,7 +47,7 @@ class PublicNamesTest(unittest.TestCase):
 
     def test_no_private_torch_testing_import(self):
         root = Path(__file__).resolve().parent.parent
-        for path in sorted([*root.glob("harness/*.py"), *root.glob("test_cases/*.py")]):
+        for path in sorted([*root.glob("harness/**/*.py"), *root.glob("test_cases/*.py")]):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 names = []
                 if isinstance(node, ast.Import):

@@ -41,8 +41,8 @@ MODULES = _modules()
 # The foundation (the settings, the requirements and skips, the single-process TestCase and what
 # it owns, the mirrored upstream helpers) sits below the launch modes, the runner and the kit: it
 # must not import them, at module level or inside code.
-FOUNDATION_PACKAGES = ("harness.requirements", "harness.single_process")
-FOUNDATION = {"harness.settings", "harness.dist_utils"} | {
+FOUNDATION_PACKAGES = ("harness.requirements", "harness.single_process", "harness.upstream")
+FOUNDATION = {"harness.settings"} | {
     module for module in MODULES if module.startswith(FOUNDATION_PACKAGES)
 }
 

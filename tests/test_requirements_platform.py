@@ -1,8 +1,8 @@
-"""harness.requirements.platform (and the decorators and context managers of harness.network,
-harness.test_helpers, harness.kit.mock_pg, harness.kit.checkpoint,
-harness.single_process.device_type that upstream files import with them): outcomes and reasons as
-upstream's, per test id, on the same file; the logic for hardware this machine lacks with the device
-query patched."""
+"""harness.requirements.platform (and the decorators and context managers of
+harness.upstream.network, harness.upstream.test_helpers, harness.kit.mock_pg,
+harness.kit.checkpoint, harness.single_process.device_type that upstream files import with them):
+outcomes and reasons as upstream's, per test id, on the same file; the logic for hardware this
+machine lacks with the device query patched."""
 
 from __future__ import annotations
 

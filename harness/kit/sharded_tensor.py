@@ -28,9 +28,9 @@ from torch.distributed._shard.sharding_spec import (
 )
 
 from harness import settings
-from harness.network import tp_transports
 from harness.process.case import MultiProcessTestCase
 from harness.requirements.decorators import TEST_SKIPS
+from harness.upstream.network import tp_transports
 
 __all__ = [
     "DEFAULT_GPU_NUM", "PLACEMENTS", "TEST_GPU_NUM", "MyShardedModel1", "MyShardedModel2",

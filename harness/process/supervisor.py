@@ -25,7 +25,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Dict, List, Set
 
-from harness import network, settings
+from harness import settings
 from harness.launch.fail_fast import FailFast
 from harness.outcome import collective_trace, stacks
 from harness.outcome.rank_record import RankRecord, fails_rank
@@ -40,6 +40,7 @@ from harness.process.rank import (
 )
 from harness.process.rank import main as rank_main
 from harness.process.rank import serve as rank_serve
+from harness.upstream import network
 
 STACK_DUMP_WAIT_S = 1.0  # how long a rank gets to write its stack before it is killed
 COLLECTIVES_DUMP_WAIT_S = 1.0  # ... and the collectives it entered
