@@ -23,6 +23,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from harness.compat import unittest_internals
+
 DEVICE_ENV = "HARNESS_DEVICE"
 WORLD_SIZE_ENV = "HARNESS_WORLD_SIZE"
 TIMEOUT_ENV = "HARNESS_TIMEOUT"
@@ -276,7 +278,7 @@ def test_timeout(case: Any) -> float:
     not the test's limit."""
     if debug_rank() is not None:  # `--debug-rank`: a person steps through a rank; wait for them
         return DEBUG_TIMEOUT_S
-    override = TIMEOUT_OVERRIDE.get(case._testMethodName)
+    override = TIMEOUT_OVERRIDE.get(unittest_internals.method_name(case))
     declared = getattr(case, "timeout", None)
     if override is not None:
         timeout = float(override)
@@ -315,9 +317,9 @@ def checked_rank_settings(case: Any, world_size: Any) -> Tuple[int, float]:
     declared = getattr(case, "timeout", None)
     if not isinstance(declared, timedelta):
         positive_seconds(declared, f"{name}.timeout")
-    override = TIMEOUT_OVERRIDE.get(case._testMethodName)
+    override = TIMEOUT_OVERRIDE.get(unittest_internals.method_name(case))
     if override is not None:
-        positive_seconds(override, f"TIMEOUT_OVERRIDE[{case._testMethodName!r}]")
+        positive_seconds(override, f"TIMEOUT_OVERRIDE[{unittest_internals.method_name(case)!r}]")
     return world_size, test_timeout(case)
 
 

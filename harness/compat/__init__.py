@@ -1,3 +1,4 @@
-"""The only modules that touch torch's private symbols, one per concept, so a torch upgrade
-that moves one is fixed in one place; and pytest's (pytest_internals.py). multiprocessing's
-live with the forkserver (harness/process/mp_forkserver.py)."""
+"""The only modules that touch other packages' private symbols, one module each, so an
+upgrade that moves one is fixed in one place: torch's, one module per concept; pytest's
+(pytest_internals.py) and unittest's (unittest_internals.py). multiprocessing's live with
+the forkserver (harness/process/mp_forkserver.py)."""

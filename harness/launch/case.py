@@ -22,6 +22,7 @@ import time
 from typing import Any, FrozenSet, List, Optional, Tuple
 
 from harness import settings
+from harness.compat import unittest_internals
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher, RankSetup
 from harness.launch.routing import route_test_method
@@ -61,7 +62,7 @@ def timeout_before(left: float) -> float:
     return max(MIN_TIMEOUT_S, math.floor((left - margin) * 10) / 10)
 
 
-class RankedTestCase(TestCase):
+class RankedTestCase(unittest_internals.TestHooks, TestCase):
     """A test run once per rank by a launcher; the runner's instance supervises.
 
     `self.rank` is SUPERVISOR_RANK in the supervisor and the rank's number in a rank;
@@ -150,7 +151,7 @@ class RankedTestCase(TestCase):
 
     def reported_name(self) -> str:
         """The test's name in what a rank reports about it (a leak): its method's."""
-        return self._testMethodName
+        return unittest_internals.method_name(self)
 
     def rank_inputs(self) -> Any:
         """What every rank gets with the test (`RankContext.inputs`), picklable; None for a
@@ -202,9 +203,8 @@ class RankedTestCase(TestCase):
         replay(self, report)
 
     def _expecting_failure(self) -> bool:
-        method = getattr(self, self._testMethodName, None)
-        return bool(getattr(method, "__unittest_expecting_failure__", False)
-                    or getattr(self, "__unittest_expecting_failure__", False))
+        method = getattr(self, unittest_internals.method_name(self), None)
+        return any(map(unittest_internals.expects_failure, (method, self)))
 
     def _meet_deadline(self) -> None:
         """Cap the timeout so that the ranks are stopped and reported before `deadline`."""
@@ -228,18 +228,18 @@ class RankedTestCase(TestCase):
     def rank_tear_down(self) -> None:
         """In a rank, in place of tearDown: what the base undoes after the test method."""
 
-    def _callSetUp(self) -> None:  # noqa: N802 - unittest's hook
+    def call_set_up(self) -> None:
         if self.rank_context is None:
-            super()._callSetUp()
+            super().call_set_up()
         else:
             self.rank_set_up()
 
-    def _callTestMethod(self, method: Any) -> None:  # noqa: N802 - unittest's hook
+    def call_test_method(self, method: Any) -> None:
         if self.rank_context is None:
-            super()._callTestMethod(method)
+            super().call_test_method(method)
             return
         try:
-            super()._callTestMethod(method)
+            super().call_test_method(method)
         except SystemExit as exit_:
             # Upstream's rank process just ends, with that exit code (0: a pass), without
             # the base's tear-down: so does this rank. A skip code is unittest's skip.
@@ -250,9 +250,9 @@ class RankedTestCase(TestCase):
             if code:
                 self.rank_context.result.add_exit(code)
 
-    def _callTearDown(self) -> None:  # noqa: N802 - unittest's hook
+    def call_tear_down(self) -> None:
         if self.rank_context is None:
-            super()._callTearDown()
+            super().call_tear_down()
         elif not self._exited_early:
             self.rank_tear_down()
 

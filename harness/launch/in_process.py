@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any, List, Optional, Tuple
 
+from harness.compat import unittest_internals
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import (
@@ -40,7 +41,7 @@ def run_rank_here(
     rank_context = RankContext(rank, world_size, ReportingResult(sink), **context)
     started = time.monotonic()
     try:
-        rank_case = type(case)(case._testMethodName)
+        rank_case = type(case)(unittest_internals.method_name(case))
         rank_case.attach_rank(rank_context)
     except Exception:
         sink.send(failure_event(sys.exc_info()))

@@ -20,6 +20,7 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
+from harness.compat import unittest_internals
 from harness.outcome.collective_trace import CollectiveCall
 from harness.outcome.report import Shown, params_from_json, params_to_json
 from harness.requirements.skip_codes import SKIP_BY_EXIT_CODE
@@ -209,7 +210,7 @@ def _event_from_json(data: Dict[str, Any]) -> Event:
 def format_error(exc_info: ExcInfo) -> str:
     """The traceback as text, without the leading unittest/harness frames (as unittest does)."""
     exctype, value, tb = exc_info
-    while tb is not None and "__unittest" in tb.tb_frame.f_globals:
+    while tb is not None and unittest_internals.hidden_by_unittest(tb.tb_frame):
         tb = tb.tb_next
     return "".join(traceback.format_exception(exctype, value, tb))
 

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from harness import settings
+from harness.compat import unittest_internals
 from harness.launch.case import SUPERVISOR_RANK, RankedTestCase, assign
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher, RankSetup
@@ -153,7 +154,7 @@ class MultiProcessTestCase(RankedTestCase):
     def _original_test_method(self) -> Any:
         """The bound test method before the harness routed it (upstream's `fn`, which suites
         list in `skip_return_code_checks` as `self.test_x.__wrapped__`)."""
-        routed = getattr(self, self._testMethodName)
+        routed = getattr(self, unittest_internals.method_name(self))
         return getattr(routed, "__wrapped__", routed)
 
     def _check_return_codes(self, fn: Any, elapsed_time: float) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, List, Optional, Tuple
 
 from harness import settings
+from harness.compat import unittest_internals
 from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import RankRecord
 from harness.process import shared as shared_ranks
@@ -44,7 +45,7 @@ class FreshProcesses(Launcher):
         _check_importable(case)
         group = RankGroup(case.world_size)
         self._group = group
-        group.start(type(case), case._testMethodName, inputs=case.rank_inputs())
+        group.start(type(case), unittest_internals.method_name(case), inputs=case.rank_inputs())
         return RankSetup(group.file_name, group.processes)
 
     def join(self, case: Any) -> Tuple[List[RankRecord], Optional[float]]:

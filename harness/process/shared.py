@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
+from harness.compat import unittest_internals
 from harness.launch.launcher import RankSetup
 from harness.outcome.rank_record import RankRecord
 from harness.process import leaks
@@ -98,7 +99,7 @@ class SharedRanks:
 
 def _send(group: RankGroup, case: Any) -> bool:
     """Send `case`'s test to the ranks; False if one can no longer be reached."""
-    return group.send_test(case._testMethodName, case.rank_inputs())
+    return group.send_test(unittest_internals.method_name(case), case.rank_inputs())
 
 
 class OpenRanks:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from harness import settings
+from harness.compat import unittest_internals
 from harness.requirements.skip_codes import TEST_SKIPS
 
 TEST_WITH_DEV_DBG_ASAN = settings.upstream_flag("PYTORCH_TEST_WITH_DEV_DBG_ASAN")
@@ -185,8 +186,7 @@ def skip_but_pass_in_sandcastle_if(condition: bool, reason: str) -> Callable[[An
 
     def decorator(target: Any) -> Any:
         if condition:
-            target.__unittest_skip__ = True
-            target.__unittest_skip_why__ = reason
+            unittest_internals.mark_skipped(target, reason)
         return target
 
     return decorator
@@ -251,7 +251,7 @@ def skips_before_it_starts(cls: type, method: Any) -> bool:
     """Whether a test `method` of `cls` is sure to skip before any rank starts: unittest's skip
     decorators on it or its class, or an accelerator requirement unmet here whatever the
     test's world size (a runner then need not start a forkserver for it)."""
-    if getattr(cls, "__unittest_skip__", False) or getattr(method, "__unittest_skip__", False):
+    if unittest_internals.marked_skipped(cls) or unittest_internals.marked_skipped(method):
         return True
     return any(requirement.unmet_reason() is not None
                for requirement in _test_requirements(cls, method))
@@ -263,7 +263,7 @@ def _test_requirements(cls: type, method: Any) -> List[AcceleratorRequirement]:
 
 
 def _case_requirements(case: unittest.TestCase) -> List[AcceleratorRequirement]:
-    return _test_requirements(type(case), getattr(case, case._testMethodName, None))
+    return _test_requirements(type(case), getattr(case, unittest_internals.method_name(case), None))
 
 
 def check_case_requirements(case: unittest.TestCase) -> None:

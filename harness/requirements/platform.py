@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from harness import settings
+from harness.compat import unittest_internals
 from harness.requirements import flags
 from harness.requirements.decorators import (
     TEST_SKIPS,
@@ -289,7 +290,7 @@ def requires_world_size(n: int) -> Callable[[Callable], Callable]:
 def get_required_world_size(obj: Any, default: int) -> int:
     """The world size the running test asked for with requires_world_size, else `default`."""
     try:
-        return int(getattr(obj, obj._testMethodName)._required_world_size)
+        return int(getattr(obj, unittest_internals.method_name(obj))._required_world_size)
     except Exception:  # noqa: BLE001 - upstream's rule: anything missing means the default
         return default
 

@@ -23,6 +23,7 @@ import sys
 import unittest
 from typing import Any, Dict, List, Optional, Tuple
 
+from harness.compat import unittest_internals
 from harness.outcome.fold import OneReportPerTest
 from harness.outcome.report import ERROR, FAILED, PASSED, SKIPPED, TestReport
 
@@ -40,7 +41,7 @@ def source_of(test: Any) -> Tuple[Optional[str], Optional[int], Optional[str]]:
         except TypeError:  # a built-in module
             return None, None, None
     try:
-        method = getattr(test, test._testMethodName)
+        method = getattr(test, unittest_internals.method_name(test))
         filename = inspect.getsourcefile(type(test))
         method = getattr(method, "func", method)
         _, lineno = inspect.getsourcelines(method)

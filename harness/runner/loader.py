@@ -20,6 +20,7 @@ import unittest
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Sequence, TextIO, Tuple
 
+from harness.compat import unittest_internals
 from harness.outcome.fold import hand_report, last_line
 from harness.outcome.replay import replaying
 from harness.outcome.report import ERROR, Outcome, TestReport
@@ -293,6 +294,7 @@ def repeat(plan: Plan, times: int) -> Plan:
     if times == 1:
         return plan
     return [
-        (module, tests + [type(t)(t._testMethodName) for _ in range(times - 1) for t in tests])
+        (module, tests + [type(t)(unittest_internals.method_name(t))
+                          for _ in range(times - 1) for t in tests])
         for module, tests in plan
     ]

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, TextIO, Tuple
 import torch
 
 from harness import settings
+from harness.compat import unittest_internals
 from harness.outcome.report import TestReport
 from harness.process import forkserver
 from harness.runner import lifecycle
@@ -73,7 +74,7 @@ class _Tests:
         known = self._by_module.get(module)
         if known is None:
             known = self._by_module[module] = {t.id(): t for t in load_module(module)}
-        return [type(known[i])(known[i]._testMethodName) for i in ids]
+        return [type(known[i])(unittest_internals.method_name(known[i])) for i in ids]
 
 
 def serve(units: TextIO, reporter: _Reporter) -> None:

@@ -30,6 +30,7 @@ import torch
 
 from harness import settings
 from harness.compat import torch_function as compat_torch_function
+from harness.compat import unittest_internals
 from harness.requirements.decorators import check_case_requirements
 from harness.single_process.comparison import mismatch
 from harness.single_process.subtests import run_subtests
@@ -99,6 +100,7 @@ def _expect_file(case: unittest.TestCase, subname: Optional[str]) -> Tuple[str, 
     return os.path.join(folder, "expect", f"{name}.expect"), label
 
 
+@unittest_internals.show_every_diff  # as upstream: multi-line strings always get a diff
 class TestCase(expecttest.TestCase):
     """expecttest's TestCase with upstream's assertEqual, seeding and per-test state checks."""
 
@@ -106,8 +108,6 @@ class TestCase(expecttest.TestCase):
     # and toleranceOverride set them); read through `precision` / `rel_tol`.
     _precision: float = 0
     _rel_tol: float = 0
-    # As upstream: multi-line strings always get a diff, however long.
-    _diffThreshold = sys.maxsize  # noqa: N815 - unittest's name
     maxDiff = None  # noqa: N815 - unittest's name
 
     def __init__(
@@ -234,7 +234,9 @@ class TestCase(expecttest.TestCase):
         )
         if reason is None:
             shown = msg if isinstance(msg, str) else None
-            raise self.failureException(self._formatMessage(shown, "AssertionError not raised"))
+            raise self.failureException(
+                unittest_internals.format_message(self, shown, "AssertionError not raised")
+            )
 
     def assertEqualIgnoreType(self, *args: Any, **kwargs: Any) -> None:  # noqa: N802
         """assertEqual without the dtype check (upstream's name)."""
@@ -360,7 +362,9 @@ class TestCase(expecttest.TestCase):
                 torch.set_warn_always(previous)
         if caught:
             shown = "; ".join(f"{w.category.__name__}: {w.message}" for w in caught)
-            raise self.failureException(self._formatMessage(msg or None, f"warned: {shown}"))
+            raise self.failureException(
+                unittest_internals.format_message(self, msg or None, f"warned: {shown}")
+            )
 
     def _attempt_load_from_subprocess(
         self, file: Any, import_string: str, expected_failure_message: Optional[str] = None

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from harness import settings
-from harness.compat import c10d_world
+from harness.compat import c10d_world, unittest_internals
 from harness.launch import fail_fast
 from harness.launch.context import GridSync, RankContext
 from harness.launch.launcher import Launcher, RankSetup
@@ -161,7 +161,7 @@ class ThreadRanks(Launcher):
             # autograd's per-device worker threads.
             torch.autograd.set_multithreading_enabled(False)
             torch.set_num_threads(settings.intra_op_threads(world.world_size))
-            rank_case = type(case)(case._testMethodName)
+            rank_case = type(case)(unittest_internals.method_name(case))
             rank_case.attach_rank(context)
             rank_case.start_rank_thread()
         except BaseException:
