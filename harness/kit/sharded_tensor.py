@@ -19,15 +19,15 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed import rpc
-from torch.distributed._shard import sharded_tensor
-from torch.distributed._shard.sharded_tensor import ShardedTensor
-from torch.distributed._shard.sharding_spec import (
-    ChunkShardingSpec,
-    EnumerableShardingSpec,
-    ShardMetadata,
-)
 
 from harness import settings
+from harness.compat.sharding import (
+    ChunkShardingSpec,
+    EnumerableShardingSpec,
+    ShardedTensor,
+    ShardMetadata,
+    sharded_tensor,
+)
 from harness.process.case import MultiProcessTestCase
 from harness.requirements.decorators import TEST_SKIPS
 from harness.upstream.network import tp_transports
