@@ -175,7 +175,7 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
     "harness.single_process.testcase": (
         "SEED", "TestCase",
     ),
-    "harness.threads.case": (
+    "harness.threads.multithreaded_case": (
         "MultiThreadedTestCase",
     ),
     "harness.threads.spawn": (

@@ -34,7 +34,7 @@ from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
 from harness.requirements.decorators import TEST_SKIPS, accelerators_suffice, skip_if_lt_x_gpu
 from harness.single_process.testcase import TestCase
-from harness.threads.case import MultiThreadedTestCase
+from harness.threads.multithreaded_case import MultiThreadedTestCase
 
 DEFAULT_WORLD_SIZE = settings.DEFAULT_WORLD_SIZE  # upstream's NUM_DEVICES without 2-3 GPUs
 

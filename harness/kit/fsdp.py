@@ -39,7 +39,7 @@ from harness.process.continuous import MultiProcContinuousTest, class_device_typ
 from harness.process.rank import destroy_default_group
 from harness.requirements.decorators import require_accelerator_per_rank
 from harness.requirements.world_size import BaseWorldSize
-from harness.threads.case import MultiThreadedTestCase
+from harness.threads.multithreaded_case import MultiThreadedTestCase
 from harness.threads.world import RankReleased
 
 
@@ -367,7 +367,8 @@ class FSDPTest(FSDPTestMixin, _AcceleratorPerRank, _RankDevice, MultiProcessTest
 
 
 class FSDPTestMultiThread(_RankDevice, MultiThreadedTestCase):
-    """FSDPTest for thread ranks (harness/threads/case.py): same device, group and barriers.
+    """FSDPTest for thread ranks (harness/threads/multithreaded_case.py): same device, group and
+    barriers.
 
     Each rank thread's default group (backend `threaded`) is initialised before setUp, the
     rank's device is selected and a barrier keeps the ranks together; after the case, a

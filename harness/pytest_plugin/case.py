@@ -25,7 +25,7 @@ from typing import Any, FrozenSet, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from harness import settings
+from harness import settings as devices  # import lines only: being replaced
 from harness.launch.case import RankedTestCase
 from harness.outcome.rank_record import RankRecord
 from harness.process import shared
@@ -33,7 +33,7 @@ from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
 from harness.pytest_plugin.call import FunctionCall
 from harness.pytest_plugin.in_rank import RANKS_SCOPE, call_in_rank, rank_device
-from harness.threads.case import MultiThreadedTestCase
+from harness.threads.multithreaded_case import MultiThreadedTestCase
 
 __unittest = True
 __tracebackhide__ = True
@@ -89,7 +89,7 @@ class FunctionCase(RankedTestCase):
         return self.id().rpartition("::")[2]
 
     def checked_rank_settings(self) -> Tuple[int, float]:
-        return settings.checked_rank_settings(self, self._requested_size)
+        return devices.checked_rank_settings(self, self._requested_size)
 
     def rank_inputs(self) -> Any:
         return self.call
@@ -148,7 +148,7 @@ class SharedFunction(FunctionCase, MultiProcContinuousTest):
     """mode="shared": one set of rank processes per SharedKey, with the shared classes' leak
     checks; its default group is made by the first test and kept."""
 
-    timeout: Any = settings.DefaultTimeout()  # seconds, as the fresh mode's (not a group's)
+    timeout: Any = devices.DefaultTimeout()  # seconds, as the fresh mode's (not a group's)
     shared_key: Optional[SharedKey] = None
 
     def shared_ranks_key(self) -> Any:

@@ -24,8 +24,8 @@ from harness.kit.fsdp import FSDPTestMultiThread
 from harness.requirements.decorators import skip_if_lt_x_gpu, skip_if_no_gpu
 from harness.requirements.platform import requires_nccl
 from harness.single_process.testcase import TestCase
-from harness.threads.case import MultiThreadedTestCase
 from harness.threads.launcher import ThreadRanks
+from harness.threads.multithreaded_case import MultiThreadedTestCase
 
 
 def run_case(cls: type, method: str) -> Tuple[unittest.TestResult, MultiThreadedTestCase]:
