@@ -22,17 +22,14 @@ if "pytest" in sys.modules:  # pytest loads us as its plugin: our own modules ne
 
 # Each public name, under the module that defines it. A new export is one entry here.
 _HOMES: Dict[str, Tuple[str, ...]] = {
-    "harness.single_process.device_type": (
-        "DeviceTypeTestBase", "deviceCountAtLeast", "dtypes", "dtypesIfCPU", "dtypesIfCUDA",
-        "instantiate_device_type_tests", "onlyAccelerator", "onlyCPU", "onlyCUDA",
-        "onlyNativeDeviceTypes", "onlyOn", "skipCPUIf", "skipCUDAIf", "skipMeta", "skipMetaIf",
-        "skipXPUIf",
-    ),
     "harness.settings": (
         "TEST_CUDA", "TEST_MULTIGPU", "TIMEOUT_DEFAULT", "TIMEOUT_OVERRIDE", "HarnessConfigError",
     ),
-    "harness.upstream.dist_utils": (
-        "captured_output", "with_dist_debug_levels",
+    "harness.requirements.decorators": (
+        "IS_FBCODE", "TEST_HPU", "TEST_WITH_DEV_DBG_ASAN", "TEST_WITH_ROCM", "TEST_XPU",
+        "at_least_x_gpu", "requires_accelerator_dist_backend", "requires_gloo",
+        "skip_but_pass_in_sandcastle_if", "skip_if_lt_x_gpu", "skip_if_no_gpu",
+        "skip_if_rocm_multiprocess", "skipIfHpu", "skipIfRocm",
     ),
     "harness.requirements.flags": (
         "E4M3_MAX_POS", "GPU_TYPE", "HAS_ACCELERATOR", "HAS_CUDA_AND_TRITON", "HAS_GPU",
@@ -44,8 +41,47 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "SM80OrLater", "SM89OrLater", "SM90OrLater", "SM100OrLater", "_get_torch_rocm_version",
         "e4m3_type", "rocm_arch_any_of",
     ),
+    "harness.requirements.platform": (
+        "TEST_WITH_TORCHDYNAMO", "get_required_world_size", "import_transformers_or_skip",
+        "require_n_gpus_for_nccl_backend", "requires_cuda", "requires_cuda_and_triton",
+        "requires_cuda_p2p_access", "requires_gpu", "requires_multicast_support", "requires_nccl",
+        "requires_nccl_shrink", "requires_nccl_version", "requires_triton", "requires_ucc",
+        "requires_world_size", "runOnRocmArch", "skip_but_pass_in_sandcastle",
+        "skip_if_rocm_arch_multiprocess", "skip_if_rocm_ver_lessthan_multiprocess", "skip_if_win32",
+        "skipIfRocmArch", "skipIfRocmVersionLessThan", "skipIfTorchDynamo", "skipIfXpu",
+        "sm_is_or_higher_than", "tf32_off", "with_nccl_blocking_wait", "with_tf32_off", "xfailIf",
+        "xfailIfSM100OrLater", "xfailIfTorchDynamo",
+    ),
+    "harness.requirements.skip_codes": (
+        "TEST_SKIPS",
+    ),
+    "harness.single_process.device_type": (
+        "DeviceTypeTestBase", "deviceCountAtLeast", "dtypes", "dtypesIfCPU", "dtypesIfCUDA",
+        "instantiate_device_type_tests", "onlyAccelerator", "onlyCPU", "onlyCUDA",
+        "onlyNativeDeviceTypes", "onlyOn", "skipCPUIf", "skipCUDAIf", "skipMeta", "skipMetaIf",
+        "skipXPUIf",
+    ),
+    "harness.single_process.parametrize": (
+        "instantiate_parametrized_tests", "parametrize", "subtest",
+    ),
+    "harness.single_process.subtests": (
+        "run_subtests",
+    ),
+    "harness.single_process.testcase": (
+        "SEED", "TestCase",
+    ),
+    "harness.upstream.dist_utils": (
+        "captured_output", "with_dist_debug_levels",
+    ),
     "harness.upstream.grad_checks": (
         "_assertGradAndGradgradChecks", "dtype2prec_DONTUSE", "gradcheck", "gradgradcheck",
+    ),
+    "harness.upstream.network": (
+        "ADDRESS_IN_USE", "CONNECT_TIMEOUT", "FILE_SCHEMA", "create_device", "create_tcp_store",
+        "find_free_port", "retry_on_connect_failures", "tp_transports",
+    ),
+    "harness.upstream.test_helpers": (
+        "NoTest", "check_leaked_tensors", "get_cycles_per_ms", "load_tests", "wrapSwapTensorsTest",
     ),
     "harness.pytest_plugin.fixtures": (
         "rank_fixture",
@@ -129,28 +165,6 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "FusionEmbedding", "FusionEmbeddingWithHook", "FusionEmbeddingWithModifier",
         "VerifyStateDictMixin",
     ),
-    "harness.upstream.network": (
-        "ADDRESS_IN_USE", "CONNECT_TIMEOUT", "FILE_SCHEMA", "create_device", "create_tcp_store",
-        "find_free_port", "retry_on_connect_failures", "tp_transports",
-    ),
-    "harness.single_process.parametrize": (
-        "instantiate_parametrized_tests", "parametrize", "subtest",
-    ),
-    "harness.single_process.subtests": (
-        "run_subtests",
-    ),
-    "harness.requirements.platform": (
-        "TEST_WITH_TORCHDYNAMO", "get_required_world_size", "import_transformers_or_skip",
-        "require_n_gpus_for_nccl_backend", "requires_cuda", "requires_cuda_and_triton",
-        "requires_cuda_p2p_access", "requires_gpu", "requires_multicast_support",
-        "requires_nccl", "requires_nccl_shrink", "requires_nccl_version", "requires_triton",
-        "requires_ucc",
-        "requires_world_size", "runOnRocmArch", "skip_but_pass_in_sandcastle",
-        "skip_if_rocm_arch_multiprocess", "skip_if_rocm_ver_lessthan_multiprocess", "skip_if_win32",
-        "skipIfRocmArch", "skipIfRocmVersionLessThan", "skipIfTorchDynamo", "skipIfXpu",
-        "sm_is_or_higher_than", "tf32_off", "with_nccl_blocking_wait", "with_tf32_off", "xfailIf",
-        "xfailIfSM100OrLater", "xfailIfTorchDynamo",
-    ),
     "harness.process.case": (
         "MAIN_PROCESS_RANK", "DistributedTestBase", "MultiProcessTestCase",
     ),
@@ -159,21 +173,6 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
     ),
     "harness.runner.main": (
         "run_tests",
-    ),
-    "harness.requirements.skip_codes": (
-        "TEST_SKIPS",
-    ),
-    "harness.requirements.decorators": (
-        "IS_FBCODE", "TEST_HPU", "TEST_WITH_DEV_DBG_ASAN", "TEST_WITH_ROCM",
-        "TEST_XPU", "at_least_x_gpu", "requires_accelerator_dist_backend", "requires_gloo",
-        "skip_but_pass_in_sandcastle_if", "skip_if_lt_x_gpu", "skip_if_no_gpu",
-        "skip_if_rocm_multiprocess", "skipIfHpu", "skipIfRocm",
-    ),
-    "harness.upstream.test_helpers": (
-        "NoTest", "check_leaked_tensors", "get_cycles_per_ms", "load_tests", "wrapSwapTensorsTest",
-    ),
-    "harness.single_process.testcase": (
-        "SEED", "TestCase",
     ),
     "harness.threads.multithreaded_case": (
         "MultiThreadedTestCase",
