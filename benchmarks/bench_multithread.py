@@ -29,14 +29,14 @@ from torch.testing._internal.distributed import multi_threaded_pg
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness import FSDPTestMultiThread, devices  # noqa: E402
+from harness import FSDPTestMultiThread, settings  # noqa: E402
 
 STEPS = 3
 
 
 def fsdp_steps(rank: int) -> None:
     """The test body both harnesses run: FSDP on a small model, STEPS training steps."""
-    device = devices.rank_device(rank)
+    device = settings.rank_device(rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     model = FullyShardedDataParallel(nn.Linear(16, 16), device_id=device)
@@ -98,7 +98,7 @@ def main(argv: List[str]) -> None:
         for name, (cls, before) in sides.items():
             times[name].append(run_once(cls, before))
     medians = {name: statistics.median(t) * 1000 for name, t in times.items()}
-    print(f"2-rank FSDP test ({STEPS} steps) on threads, device {devices.device_type()}, "
+    print(f"2-rank FSDP test ({STEPS} steps) on threads, device {settings.device_type()}, "
           f"torch {torch.__version__}, {args.repeats} runs each")
     for name, t in times.items():
         print(f"  {name:13s} median {medians[name]:7.1f} ms   "

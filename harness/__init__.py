@@ -22,19 +22,16 @@ if "pytest" in sys.modules:  # pytest loads us as its plugin: our own modules ne
 
 # Each public name, under the module that defines it. A new export is one entry here.
 _HOMES: Dict[str, Tuple[str, ...]] = {
-    "harness.device_type": (
-        "DeviceTypeTestBase", "deviceCountAtLeast", "dtypes", "dtypesIfCPU", "dtypesIfCUDA",
-        "instantiate_device_type_tests", "onlyAccelerator", "onlyCPU", "onlyCUDA",
-        "onlyNativeDeviceTypes", "onlyOn", "skipCPUIf", "skipCUDAIf", "skipMeta", "skipMetaIf",
-        "skipXPUIf",
-    ),
-    "harness.devices": (
+    "harness.settings": (
         "TEST_CUDA", "TEST_MULTIGPU", "TIMEOUT_DEFAULT", "TIMEOUT_OVERRIDE", "HarnessConfigError",
     ),
-    "harness.dist_utils": (
-        "captured_output", "with_dist_debug_levels",
+    "harness.requirements.decorators": (
+        "IS_FBCODE", "TEST_HPU", "TEST_WITH_DEV_DBG_ASAN", "TEST_WITH_ROCM", "TEST_XPU",
+        "at_least_x_gpu", "requires_accelerator_dist_backend", "requires_gloo",
+        "skip_but_pass_in_sandcastle_if", "skip_if_lt_x_gpu", "skip_if_no_gpu",
+        "skip_if_rocm_multiprocess", "skipIfHpu", "skipIfRocm",
     ),
-    "harness.flags": (
+    "harness.requirements.flags": (
         "E4M3_MAX_POS", "GPU_TYPE", "HAS_ACCELERATOR", "HAS_CUDA_AND_TRITON", "HAS_GPU",
         "HAS_TRITON", "IS_CI", "IS_H100", "IS_SANDCASTLE", "IS_WINDOWS", "MI200_ARCH", "MI300_ARCH",
         "MI350_ARCH", "NAVI_ARCH", "PLATFORM_SUPPORTS_CUDNN_ATTENTION",
@@ -44,8 +41,47 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "SM80OrLater", "SM89OrLater", "SM90OrLater", "SM100OrLater", "_get_torch_rocm_version",
         "e4m3_type", "rocm_arch_any_of",
     ),
-    "harness.grad_checks": (
+    "harness.requirements.platform": (
+        "TEST_WITH_TORCHDYNAMO", "get_required_world_size", "import_transformers_or_skip",
+        "require_n_gpus_for_nccl_backend", "requires_cuda", "requires_cuda_and_triton",
+        "requires_cuda_p2p_access", "requires_gpu", "requires_multicast_support", "requires_nccl",
+        "requires_nccl_shrink", "requires_nccl_version", "requires_triton", "requires_ucc",
+        "requires_world_size", "runOnRocmArch", "skip_but_pass_in_sandcastle",
+        "skip_if_rocm_arch_multiprocess", "skip_if_rocm_ver_lessthan_multiprocess", "skip_if_win32",
+        "skipIfRocmArch", "skipIfRocmVersionLessThan", "skipIfTorchDynamo", "skipIfXpu",
+        "sm_is_or_higher_than", "tf32_off", "with_nccl_blocking_wait", "with_tf32_off", "xfailIf",
+        "xfailIfSM100OrLater", "xfailIfTorchDynamo",
+    ),
+    "harness.requirements.skip_codes": (
+        "TEST_SKIPS",
+    ),
+    "harness.single_process.device_type": (
+        "DeviceTypeTestBase", "deviceCountAtLeast", "dtypes", "dtypesIfCPU", "dtypesIfCUDA",
+        "instantiate_device_type_tests", "onlyAccelerator", "onlyCPU", "onlyCUDA",
+        "onlyNativeDeviceTypes", "onlyOn", "skipCPUIf", "skipCUDAIf", "skipMeta", "skipMetaIf",
+        "skipXPUIf",
+    ),
+    "harness.single_process.parametrize": (
+        "instantiate_parametrized_tests", "parametrize", "subtest",
+    ),
+    "harness.single_process.subtests": (
+        "run_subtests",
+    ),
+    "harness.single_process.testcase": (
+        "SEED", "TestCase",
+    ),
+    "harness.upstream.dist_utils": (
+        "captured_output", "with_dist_debug_levels",
+    ),
+    "harness.upstream.grad_checks": (
         "_assertGradAndGradgradChecks", "dtype2prec_DONTUSE", "gradcheck", "gradgradcheck",
+    ),
+    "harness.upstream.network": (
+        "ADDRESS_IN_USE", "CONNECT_TIMEOUT", "FILE_SCHEMA", "create_device", "create_tcp_store",
+        "find_free_port", "retry_on_connect_failures", "tp_transports",
+    ),
+    "harness.upstream.test_helpers": (
+        "NoTest", "check_leaked_tensors", "get_cycles_per_ms", "load_tests", "wrapSwapTensorsTest",
     ),
     "harness.pytest_plugin.fixtures": (
         "rank_fixture",
@@ -129,27 +165,6 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "FusionEmbedding", "FusionEmbeddingWithHook", "FusionEmbeddingWithModifier",
         "VerifyStateDictMixin",
     ),
-    "harness.network": (
-        "ADDRESS_IN_USE", "CONNECT_TIMEOUT", "FILE_SCHEMA", "create_device", "create_tcp_store",
-        "find_free_port", "retry_on_connect_failures", "tp_transports",
-    ),
-    "harness.parametrize": (
-        "instantiate_parametrized_tests", "parametrize", "subtest",
-    ),
-    "harness.subtests": (
-        "run_subtests",
-    ),
-    "harness.platform_skips": (
-        "TEST_WITH_TORCHDYNAMO", "get_required_world_size", "import_transformers_or_skip",
-        "require_n_gpus_for_nccl_backend", "requires_cuda", "requires_cuda_and_triton",
-        "requires_cuda_p2p_access", "requires_gpu", "requires_multicast_support",
-        "requires_nccl_shrink", "requires_nccl_version", "requires_triton", "requires_ucc",
-        "requires_world_size", "runOnRocmArch", "skip_but_pass_in_sandcastle",
-        "skip_if_rocm_arch_multiprocess", "skip_if_rocm_ver_lessthan_multiprocess", "skip_if_win32",
-        "skipIfRocmArch", "skipIfRocmVersionLessThan", "skipIfTorchDynamo", "skipIfXpu",
-        "sm_is_or_higher_than", "tf32_off", "with_nccl_blocking_wait", "with_tf32_off", "xfailIf",
-        "xfailIfSM100OrLater", "xfailIfTorchDynamo",
-    ),
     "harness.process.case": (
         "MAIN_PROCESS_RANK", "DistributedTestBase", "MultiProcessTestCase",
     ),
@@ -159,22 +174,7 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
     "harness.runner.main": (
         "run_tests",
     ),
-    "harness.skip_codes": (
-        "TEST_SKIPS",
-    ),
-    "harness.skips": (
-        "IS_FBCODE", "TEST_HPU", "TEST_WITH_DEV_DBG_ASAN", "TEST_WITH_ROCM",
-        "TEST_XPU", "at_least_x_gpu", "requires_accelerator_dist_backend", "requires_gloo",
-        "requires_nccl", "skip_but_pass_in_sandcastle_if", "skip_if_lt_x_gpu", "skip_if_no_gpu",
-        "skip_if_rocm_multiprocess", "skipIfHpu", "skipIfRocm",
-    ),
-    "harness.test_helpers": (
-        "NoTest", "check_leaked_tensors", "get_cycles_per_ms", "load_tests", "wrapSwapTensorsTest",
-    ),
-    "harness.testcase": (
-        "SEED", "TestCase",
-    ),
-    "harness.threads.case": (
+    "harness.threads.multithreaded_case": (
         "MultiThreadedTestCase",
     ),
     "harness.threads.spawn": (
@@ -211,13 +211,15 @@ _REPLACED: Dict[str, Any] = {}
 
 
 class _Package(types.ModuleType):
-    """A public name wins over a submodule of the same name (`harness.parametrize` is the
-    decorator): importing the submodule must not replace the name bound here.
+    """A public name wins over a submodule of the same name, should a module bearing a public
+    name ever sit at the top of harness/ (as harness/parametrize.py did before it moved to
+    harness/single_process/): importing the submodule must not replace the name bound here.
 
     Assigning a public name through the package also assigns it in the module that defines
     it, so that module state a client sets reaches the code that reads it, as assigning an
     upstream module's global does: a file migrated to `import harness as common_utils` that
-    sets `common_utils.SEED = 99` seeds its tests with 99 (harness.testcase reads its SEED).
+    sets `common_utils.SEED = 99` seeds its tests with 99 (harness.single_process.testcase reads
+    its SEED).
     Deleting the name (as `mock.patch` does on exit) restores the defining module's value."""
 
     def __setattr__(self, name: str, value: Any) -> None:

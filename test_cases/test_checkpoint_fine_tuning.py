@@ -35,7 +35,7 @@ from harness import (
     with_comms,
     with_temp_dir,
 )
-from harness.devices import default_world_size
+from harness.settings import default_world_size
 
 if not dist.is_available():
     print("Distributed not available, skipping tests", file=sys.stderr)

@@ -24,8 +24,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness import TEST_WITH_DEV_DBG_ASAN, FSDPTest, run_tests, skip_if_lt_x_gpu
 from harness.compat import fsdp1
-from harness.devices import default_world_size
 from harness.kit.fsdp1_grads import assert_fsdp1_grads_equal, named_grads
+from harness.settings import default_world_size
 
 if not dist.is_available():
     print("Distributed not available, skipping tests", file=sys.stderr)

@@ -27,7 +27,7 @@ from harness import (
     skip_if_lt_x_gpu,
 )
 from harness.compat import distributed, fsdp2, fsdp_collectives
-from harness.devices import default_world_size
+from harness.settings import default_world_size
 
 
 class TestFullyShardFrozen(FSDPTest):

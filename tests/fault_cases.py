@@ -22,11 +22,11 @@ import unittest
 import torch
 import torch.distributed as dist
 
-from harness import devices
+from harness import settings
 from harness.kit.fsdp import FSDPTest
 from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
-from harness.skips import TEST_SKIPS, skip_if_lt_x_gpu
+from harness.requirements.decorators import TEST_SKIPS, skip_if_lt_x_gpu
 
 FAULT_DIR_ENV = "HARNESS_FAULT_DIR"
 
@@ -68,7 +68,7 @@ class Passing(_TwoRanks):
 
     def test_rank_environment(self) -> None:
         self.assertEqual(os.environ["GLOO_SOCKET_IFNAME"], "lo")
-        self.assertEqual(torch.get_num_threads(), devices.intra_op_threads(self.world_size))
+        self.assertEqual(torch.get_num_threads(), settings.intra_op_threads(self.world_size))
         self.assertEqual(stat.S_IMODE(os.stat(self.file_name).st_mode), 0o600)
         self.assertEqual(stat.S_IMODE(os.stat(os.path.dirname(self.file_name)).st_mode), 0o700)
         self.assertEqual(self.init_method, f"file://{self.file_name}")

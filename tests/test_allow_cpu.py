@@ -22,7 +22,7 @@ from unittest import mock
 import pytest
 import torch
 
-from harness import devices
+from harness import settings
 from harness.compat import cpu_defaults as compat_cpu_defaults
 from tests.fixtures import REPO, child_env
 
@@ -250,7 +250,7 @@ class AdaptationLog(unittest.TestCase):
     """The run's log: made only while the CPU stands in, removed after, summed up per test."""
 
     def test_no_log_without_the_switch(self):
-        with mock.patch.dict(os.environ, {devices.ALLOW_CPU_ENV: "0"}):
+        with mock.patch.dict(os.environ, {settings.ALLOW_CPU_ENV: "0"}):
             os.environ.pop(compat_cpu_defaults.LOG_ENV, None)
             with compat_cpu_defaults.adaptation_log():
                 self.assertNotIn(compat_cpu_defaults.LOG_ENV, os.environ)
@@ -258,7 +258,7 @@ class AdaptationLog(unittest.TestCase):
 
     @unittest.skipUnless(NO_ACCELERATOR, "the log exists only where no accelerator exists")
     def test_log_counts_tests_once_and_is_removed(self):
-        with mock.patch.dict(os.environ, {devices.ALLOW_CPU_ENV: "1"}):
+        with mock.patch.dict(os.environ, {settings.ALLOW_CPU_ENV: "1"}):
             os.environ.pop(compat_cpu_defaults.LOG_ENV, None)
             with compat_cpu_defaults.adaptation_log():
                 path = os.environ[compat_cpu_defaults.LOG_ENV]

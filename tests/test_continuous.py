@@ -18,16 +18,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import devices
-from harness.device_type import instantiate_device_type_tests
+from harness import settings
 from harness.kit.fsdp import FSDPTestContinuous
 from harness.process.continuous import MultiProcContinuousTest, class_device_type
-from harness.skips import accelerators_suffice, skip_if_lt_x_gpu
+from harness.requirements.decorators import accelerators_suffice, skip_if_lt_x_gpu
+from harness.single_process.device_type import instantiate_device_type_tests
 from tests.test_fsdp import UPSTREAM_STYLE, run_script
 
 # What a 2-rank FSDPTestContinuous test that allows the CPU ends as here: run on CPU or with a
 # GPU per rank, skipped before its ranks start on a machine with fewer GPUs than ranks.
-FSDP_2_RANKS = "passed" if devices.device_type() == "cpu" or accelerators_suffice(2) else "skipped"
+FSDP_2_RANKS = "passed" if settings.device_type() == "cpu" or accelerators_suffice(2) else "skipped"
 
 
 @pytest.mark.slow
@@ -86,8 +86,8 @@ class TestFSDPContinuousGroup(FSDPTestContinuous):
 
     @skip_if_lt_x_gpu(2, allow_cpu=True)
     def test_device_backend_and_process_group(self) -> None:
-        self.assertEqual(devices.rank_device(self.rank), self.device)
-        self.assertEqual(devices.backend_for(devices.device_type()), dist.get_backend())
+        self.assertEqual(settings.rank_device(self.rank), self.device)
+        self.assertEqual(settings.backend_for(settings.device_type()), dist.get_backend())
         self.assertIs(self.process_group, type(self).pg)
         value = torch.full((1,), float(self.rank), device=self.device)
         dist.all_reduce(value, group=self.process_group)
@@ -117,12 +117,12 @@ class TestClassAPI(unittest.TestCase):
     def test_upstream_defaults(self) -> None:
         self.assertIsNone(MultiProcContinuousTest.backend_str())
         self.assertIsNone(MultiProcContinuousTest.opts())
-        self.assertEqual(devices.device_type(), MultiProcContinuousTest.device_type())
+        self.assertEqual(settings.device_type(), MultiProcContinuousTest.device_type())
         self.assertFalse(MultiProcContinuousTest.poison_pill)
         self.assertEqual(
-            devices.backend_for(devices.device_type()), FSDPTestContinuous.backend_str()
+            settings.backend_for(settings.device_type()), FSDPTestContinuous.backend_str()
         )
-        with mock.patch.dict(os.environ, {devices.WORLD_SIZE_ENV: "3"}):
+        with mock.patch.dict(os.environ, {settings.WORLD_SIZE_ENV: "3"}):
             self.assertEqual(3, MultiProcContinuousTest.world_size)
             self.assertEqual(3, FSDPTestContinuous("run").world_size)
         self.assertEqual(2, TestContinuousGroup.world_size)
@@ -133,9 +133,9 @@ class TestClassAPI(unittest.TestCase):
         self.assertEqual(timedelta(seconds=120), MultiProcContinuousTest.timeout)
         self.assertEqual(timedelta(seconds=90), TestContinuousOverrides.timeout)
         case = TestContinuousOverrides("test_overrides_are_used")
-        unset = {devices.TIMEOUT_ENV: "", devices.UPSTREAM_TIMEOUT_ENV: ""}
+        unset = {settings.TIMEOUT_ENV: "", settings.UPSTREAM_TIMEOUT_ENV: ""}
         with mock.patch.dict(os.environ, unset):
-            self.assertEqual(300.0, devices.test_timeout(case))
+            self.assertEqual(300.0, settings.test_timeout(case))
 
     def test_class_device_type_reads_every_declaration(self) -> None:
         class AsString(FSDPTestContinuous):
@@ -146,7 +146,7 @@ class TestClassAPI(unittest.TestCase):
             def device_type(self) -> str:  # type: ignore[override]
                 return "meta"
 
-        self.assertEqual(devices.device_type(), class_device_type(FSDPTestContinuous))
+        self.assertEqual(settings.device_type(), class_device_type(FSDPTestContinuous))
         self.assertEqual("cuda", class_device_type(AsString))
         self.assertEqual("nccl", AsString.backend_str())
         self.assertEqual("meta", class_device_type(AsProperty))
@@ -155,7 +155,7 @@ class TestClassAPI(unittest.TestCase):
     def test_too_few_accelerators_skip_before_any_rank_starts(self) -> None:
         class TooManyGPUs(FSDPTestContinuous):
             device_type = "cuda"  # type: ignore[assignment]
-            world_size = devices.accelerator_count() + 1
+            world_size = settings.accelerator_count() + 1
 
             def test_never_runs(self) -> None:
                 raise AssertionError("must not run")

@@ -1,4 +1,5 @@
-"""harness.device_type: per-device classes and ids as upstream's, over every harness base."""
+"""harness.single_process.device_type: per-device classes and ids as upstream's, over every
+harness base."""
 
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ from harness import (
     onlyAccelerator,
     onlyCUDA,
     parametrize,
+    settings,
     skipCPUIf,
 )
-from harness.device_type import device_types_to_instantiate
+from harness.single_process.device_type import device_types_to_instantiate
 from tests.fixtures import REPO, child_env
 from tests.upstream_style.ids_declarations import declare, upstream_declarations
 
@@ -141,7 +143,7 @@ class InstantiateTest(unittest.TestCase):
     def test_one_function_decides_the_device_types(self) -> None:
         with (
             mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": ""}),
-            mock.patch("harness.device_type.harness_devices.accelerator_count", return_value=2),
+            mock.patch.object(settings, "accelerator_count", return_value=2),
         ):
             self.assertEqual(device_types_to_instantiate(), ["cpu", "cuda"])
             self.assertEqual(device_types_to_instantiate(only_for=("cuda", "hpu")), ["cuda"])
@@ -150,14 +152,14 @@ class InstantiateTest(unittest.TestCase):
                 self.assertEqual(device_types_to_instantiate(), ["cuda"])
         with (
             mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": ""}),
-            mock.patch("harness.device_type.harness_devices.accelerator_count", return_value=0),
+            mock.patch.object(settings, "accelerator_count", return_value=0),
         ):
             self.assertEqual(device_types_to_instantiate(), ["cpu"])
             self.assertEqual(device_types_to_instantiate(only_for=("cuda", "hpu")), [])
 
     def test_allow_cpu_switch_makes_the_cpu_class_for_accelerators(self) -> None:
         """HARNESS_ALLOW_CPU=1 without accelerators: only_for naming accelerators adds "cpu"."""
-        count = "harness.device_type.harness_devices.accelerator_count"
+        count = "harness.settings.accelerator_count"
         with mock.patch(count, return_value=0):
             with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "1"}):
                 for only_for in (("cuda", "hpu"), "cuda", "xpu", ["hpu"], "cpu"):
@@ -192,7 +194,7 @@ class InstantiateTest(unittest.TestCase):
             instantiate_device_type_tests(TestThing, scope, only_for=("cuda", "cpu"))
             return scope
 
-        count = "harness.device_type.harness_devices.accelerator_count"
+        count = "harness.settings.accelerator_count"
         names = ["test_accelerator_cpu", "test_cuda_cpu"]
         with mock.patch(count, return_value=0):
             with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "1"}):
@@ -219,12 +221,12 @@ class InstantiateTest(unittest.TestCase):
                 pass
 
         scope = {"TestThing": TestThing}
-        with mock.patch("harness.device_type.harness_devices.accelerator_count", return_value=2):
+        with mock.patch.object(settings, "accelerator_count", return_value=2):
             instantiate_device_type_tests(TestThing, scope, only_for="cuda")
         made = scope["TestThingCUDA"]
         self.assertEqual(_test_names(made), ["test_many_cuda", "test_one_cuda_float16"])
         self.assertEqual(made.get_primary_device(), "cuda:0")
-        with mock.patch("harness.device_type.harness_devices.accelerator_count", return_value=2):
+        with mock.patch.object(settings, "accelerator_count", return_value=2):
             self.assertEqual(made.get_all_devices(), ["cuda:0", "cuda:1"])
 
     def test_device_restrictions_skip_before_any_rank_starts(self) -> None:

@@ -1,4 +1,5 @@
-"""harness.dist_utils, and the upstream-style file that uses the common_distributed surface.
+"""harness.upstream.dist_utils, and the upstream-style file that uses the common_distributed
+surface.
 
 `UpstreamStyleFileTest` runs tests/upstream_style/dist_common_distributed.py as a script,
 as a user runs a migrated upstream file, and checks every test id and its outcome.
@@ -16,7 +17,7 @@ from unittest import mock
 import pytest
 import torch.distributed as dist
 
-from harness import captured_output, devices, with_dist_debug_levels
+from harness import captured_output, settings, with_dist_debug_levels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UPSTREAM_STYLE_FILE = os.path.join(ROOT, "tests", "upstream_style", "dist_common_distributed.py")
@@ -94,7 +95,7 @@ class CapturedOutputTest(unittest.TestCase):
 
 def _outcomes_expected_here() -> Dict[str, str]:
     """Each test id of the upstream-style file and its outcome on this machine."""
-    gpus = devices.accelerator_count()
+    gpus = settings.accelerator_count()
     nccl = dist.is_nccl_available()
     xccl = dist.is_xccl_available()
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
-from harness import devices
+from harness import settings
 from harness.compat import local_tensor as compat_local_tensor
 from harness.kit.dtensor import (
     DTensorContinuousTestBase,
@@ -211,10 +211,10 @@ class TestInitPg(unittest.TestCase):
         self.assertEqual(case.backend, dist.get_default_backend_for_device(case.device_type))
         self.assertFalse(case.is_local_tensor_enabled)
         # The accelerator only with one per rank (one GPU and four ranks: the CPU).
-        with mock.patch.object(devices, "accelerator_count", return_value=0):
+        with mock.patch.object(settings, "accelerator_count", return_value=0):
             self.assertEqual(case.device_type, "cpu")
-        with mock.patch.object(devices, "accelerator_count", return_value=case.world_size), \
-                mock.patch.object(devices, "device_type", return_value="cuda"):
+        with mock.patch.object(settings, "accelerator_count", return_value=case.world_size), \
+                mock.patch.object(settings, "device_type", return_value="cuda"):
             self.assertEqual(case.device_type, "cuda")
 
     @pytest.mark.slow
@@ -233,7 +233,7 @@ class TestInitPg(unittest.TestCase):
         case.destroy_pg()
         self.assertFalse(dist.is_initialized())
 
-    @unittest.skipIf(devices.accelerator_count() > 0, "checks the CPU path of eager_init")
+    @unittest.skipIf(settings.accelerator_count() > 0, "checks the CPU path of eager_init")
     def test_init_pg_eager_on_cpu_with_explicit_backend(self) -> None:
         case = self._case()
         case.init_pg(True, "cpu:gloo")
@@ -246,7 +246,7 @@ class TestInitPg(unittest.TestCase):
             self._case().init_pg(False, "bogus")
         self.assertFalse(dist.is_initialized())
 
-    @unittest.skipIf(devices.accelerator_count() > 0, "checks the no-accelerator path")
+    @unittest.skipIf(settings.accelerator_count() > 0, "checks the no-accelerator path")
     def test_init_pg_with_accelerator_backend_skips_without_devices(self) -> None:
         with self.assertRaisesRegex(unittest.SkipTest, "Need at least 1 CUDA device.*nccl"):
             self._case().init_pg(False, "nccl")

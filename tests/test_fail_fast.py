@@ -7,7 +7,7 @@ import os
 import unittest
 from unittest import mock
 
-from harness import devices
+from harness import settings
 from harness.launch import fail_fast
 from harness.launch.fail_fast import GRACE_S, FailFast, ended_test
 from harness.outcome.rank_record import Event, RankRecord
@@ -21,7 +21,7 @@ def record(rank: int, *kinds: str) -> RankRecord:
 
 class Policy(unittest.TestCase):
     def setUp(self) -> None:
-        patcher = mock.patch.dict(os.environ, {devices.DEBUG_RANK_ENV: ""})
+        patcher = mock.patch.dict(os.environ, {settings.DEBUG_RANK_ENV: ""})
         patcher.start()
         self.addCleanup(patcher.stop)
 
@@ -50,7 +50,7 @@ class Policy(unittest.TestCase):
                 self.assertFalse(ended_test(record(0, *kinds)))
 
     def test_never_while_a_rank_is_debugged(self) -> None:
-        os.environ[devices.DEBUG_RANK_ENV] = "1"
+        os.environ[settings.DEBUG_RANK_ENV] = "1"
         self.assertEqual(FailFast().stop_at([record(0, "failure")]), float("inf"))
 
 

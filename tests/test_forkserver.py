@@ -323,7 +323,7 @@ class StartAsForkConditions(unittest.TestCase):
             (forkserver.threading, "active_count", lambda: 1),
             (forkserver, "_native_threads", lambda: forkserver._THREADS_AT_IMPORT),
             (forkserver, "_accelerator_built", lambda: False),
-            (forkserver.devices, "start_method", lambda: "forkserver"),
+            (forkserver.settings, "start_method", lambda: "forkserver"),
         ]
         for target, name, value in safe:
             patcher = mock.patch.object(target, name, value)
@@ -354,7 +354,7 @@ class StartAsForkConditions(unittest.TestCase):
         self.assertFalse(self.forks(forkserver, "helper_pids", lambda: {"forkserver": 1}))
 
     def test_not_when_ranks_are_spawned(self) -> None:
-        self.assertFalse(self.forks(forkserver.devices, "start_method", lambda: "spawn"))
+        self.assertFalse(self.forks(forkserver.settings, "start_method", lambda: "spawn"))
 
     def test_not_when_a_test_module_failed_to_import(self) -> None:
         self.addCleanup(forkserver._test_modules.remove, "tests.no_such_module")

@@ -19,13 +19,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-from harness import devices
+from harness import settings
 from harness.kit.fsdp import FSDPTest
 from harness.kit.fsdp_helpers import get_full_params
 from harness.kit.models import DEVICEInitMode, FSDPInitMode, NestedWrappedModule
-from harness.parametrize import instantiate_parametrized_tests, parametrize
 from harness.process.case import MAIN_PROCESS_RANK
-from harness.skips import skip_if_lt_x_gpu
+from harness.requirements.decorators import skip_if_lt_x_gpu
+from harness.single_process.parametrize import instantiate_parametrized_tests, parametrize
 
 
 @pytest.mark.slow
@@ -38,9 +38,9 @@ class TestFSDPTestBase(FSDPTest):
     def test_default_group_is_ready_on_the_rank_device(self) -> None:
         self.assertTrue(dist.is_initialized())
         self.assertEqual((dist.get_rank(), dist.get_world_size()), (self.rank, 2))
-        self.assertEqual(dist.get_backend(), devices.backend_for(devices.device_type()))
-        self.assertEqual(self.device, devices.rank_device(self.rank))
-        self.assertEqual(self.device_type, devices.device_type())
+        self.assertEqual(dist.get_backend(), settings.backend_for(settings.device_type()))
+        self.assertEqual(self.device, settings.rank_device(self.rank))
+        self.assertEqual(self.device_type, settings.device_type())
         value = torch.tensor([float(self.rank)], device=self.device)
         dist.all_reduce(value, group=self.process_group)
         self.assertEqual(value.item(), 1.0)
@@ -218,7 +218,7 @@ class TestUpstreamStyleParity(unittest.TestCase):
     def test_parity_passes_for_every_model(self) -> None:
         results = run_script(os.path.join(UPSTREAM_STYLE, "fsdp_parity.py"), "TestParityWithDDP")
         self.assertEqual(PARITY_IDS, sorted(results))
-        on_cpu = devices.device_type() == "cpu"
+        on_cpu = settings.device_type() == "cpu"
         for test_id, (outcome, message) in results.items():
             with self.subTest(test=test_id):
                 if on_cpu and "offload_true" in test_id:
@@ -290,7 +290,7 @@ class TestFSDPTestInParent(unittest.TestCase):
     def test_more_ranks_than_accelerators_skip_before_any_rank_starts(self) -> None:
         """As upstream's FSDP ranks do (multi-gpu-N), rather than two ranks on one GPU failing
         in the backend; seen on a 1-GPU machine with a world size 2 class."""
-        with mock.patch.object(devices, "accelerator_count", return_value=1), \
+        with mock.patch.object(settings, "accelerator_count", return_value=1), \
                 mock.patch.object(TooFewAccelerators, "device_type", "cuda"), \
                 mock.patch("harness.process.supervisor.RankGroup.start") as start:
             result = unittest.TestResult()
@@ -304,7 +304,7 @@ class TestFSDPTestInParent(unittest.TestCase):
         """Upstream's FSDPTest ranks skip where there are fewer accelerators than ranks, CPU
         machines included (world size 1 there); HARNESS_ALLOW_CPU=1 runs them on CPU."""
         knobs = {"HARNESS_ALLOW_CPU": "", "HARNESS_WORLD_SIZE": "", "HARNESS_DEVICE": ""}
-        with mock.patch.object(devices, "accelerator_count", return_value=0), \
+        with mock.patch.object(settings, "accelerator_count", return_value=0), \
                 mock.patch.dict(os.environ, knobs), \
                 mock.patch("harness.process.supervisor.RankGroup.start") as start:
             result = unittest.TestResult()
@@ -315,7 +315,7 @@ class TestFSDPTestInParent(unittest.TestCase):
             start.assert_not_called()
             os.environ["HARNESS_ALLOW_CPU"] = "1"
             case = OnAnyMachine("never_runs")
-            self.assertEqual((1, "gloo"), (case.world_size, devices.backend_for(case.device)))
+            self.assertEqual((1, "gloo"), (case.world_size, settings.backend_for(case.device)))
             case.checked_rank_settings()  # no skip: the CPU stands in
 
 

@@ -15,8 +15,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from harness.kit.fsdp import FSDPTest
 from harness.kit.fsdp1_grads import assert_fsdp1_grads_equal, fsdp1_full_grads, named_grads
-from harness.skips import skip_if_lt_x_gpu
-from harness.testcase import TestCase
+from harness.requirements.decorators import skip_if_lt_x_gpu
+from harness.single_process.testcase import TestCase
 
 
 class TestFullGradsSingleProcess(TestCase):

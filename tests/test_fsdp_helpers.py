@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import fully_shard
 
-from harness import devices
+from harness import settings
 from harness.compat import fsdp2, fsdp_collectives, inductor
 from harness.kit.fsdp import FSDPTest
 from harness.kit.fsdp_helpers import (
@@ -42,8 +42,8 @@ from harness.kit.fsdp_helpers import (
     reduce_scatter_with_assert,
     subtest_name,
 )
-from harness.skips import skip_if_lt_x_gpu
-from harness.testcase import TestCase
+from harness.requirements.decorators import skip_if_lt_x_gpu
+from harness.single_process.testcase import TestCase
 
 # Each patch helper, what it patches (owner, attribute) in this torch.
 PATCHES = {
@@ -96,7 +96,7 @@ class TestHelpersSingleProcess(TestCase):
                 pass
 
     def test_get_devtype(self) -> None:
-        self.assertEqual(torch.device(devices.device_type()), get_devtype())
+        self.assertEqual(torch.device(settings.device_type()), get_devtype())
         if not torch.cuda.is_available():
             self.assertEqual(torch.device("cpu"), get_devtype())
 

@@ -13,7 +13,7 @@ from harness.outcome.collective_trace import CollectiveCall
 from harness.outcome.merge import OUTPUT_TAIL_LINES, decide, merge_subtests, output_section
 from harness.outcome.rank_record import Event, RankRecord, signal_name
 from harness.outcome.report import Outcome, PointReport, RankReport, TestReport
-from harness.skips import TEST_SKIPS
+from harness.requirements.decorators import TEST_SKIPS
 from tests.fixtures.events import rank_failure
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "t.py", line 3\nAssertionError: boom\n'

@@ -1116,14 +1116,14 @@ class TestModuleState(unittest.TestCase):
 
     def setUp(self) -> None:
         import harness
-        import harness.testcase
+        import harness.single_process.testcase
 
-        self.harness, self.testcase = harness, harness.testcase
-        saved = harness.testcase.SEED
+        self.harness, self.testcase = harness, harness.single_process.testcase
+        saved = harness.single_process.testcase.SEED
 
         def restore() -> None:
             harness.SEED = saved
-            self.assertEqual(harness.testcase.SEED, saved)
+            self.assertEqual(harness.single_process.testcase.SEED, saved)
 
         self.addCleanup(restore)
         patcher = mock.patch.dict(os.environ)
@@ -1163,7 +1163,7 @@ class TestModuleState(unittest.TestCase):
     def test_a_submodule_still_does_not_replace_the_public_name(self) -> None:
         import importlib
 
-        module = importlib.import_module("harness.parametrize")
+        module = importlib.import_module("harness.single_process.parametrize")
         self.harness.parametrize = module
         self.assertIs(self.harness.parametrize, module.parametrize)
 

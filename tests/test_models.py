@@ -46,7 +46,7 @@ from harness.kit.models import (
     current_device,
     fsdp_kwargs_for_device,
 )
-from harness.testcase import TestCase
+from harness.single_process.testcase import TestCase
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBE = os.path.join(ROOT, "tests", "upstream_style", "fsdp_model_probe.py")

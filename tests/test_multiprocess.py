@@ -22,15 +22,15 @@ from unittest import mock
 import pytest
 import torch.distributed as dist
 
-from harness import devices
-from harness.devices import HarnessConfigError
+from harness import settings
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import RankRecord, RecordSink, ReportingResult
 from harness.process import torchrun
 from harness.process.case import DistributedTestBase, MultiProcessTestCase
 from harness.process.supervisor import RankGroup
-from harness.skips import TEST_SKIPS, skip_if_no_gpu
+from harness.requirements.decorators import TEST_SKIPS, skip_if_no_gpu
+from harness.settings import HarnessConfigError
 from tests import fault_cases
 from tests.fault_cases import FAULT_DIR_ENV
 from tests.fixtures import procs
@@ -291,7 +291,7 @@ class TestIsolation(FaultTestBase):
         self.assertEqual(
             [reason for _, reason in result.skipped],
             ["BadWorldSize.world_size is 0: no ranks to start "
-             f"({devices.accelerator_count()} accelerators found)"],
+             f"({settings.accelerator_count()} accelerators found)"],
         )
         self.assertEqual((case.processes, case.rank_records, case.file_name), ([], [], None))
         self.assertFalse(os.path.exists(os.path.join(self.fault_dir, "started")))
@@ -300,7 +300,7 @@ class TestIsolation(FaultTestBase):
         class NeedsGpus(fault_cases.Passing):
             test_all_reduce = skip_if_no_gpu(fault_cases.Passing.test_all_reduce)
 
-        with mock.patch.object(devices, "accelerator_count", return_value=1):
+        with mock.patch.object(settings, "accelerator_count", return_value=1):
             case, result = self.run_case(NeedsGpus, "test_all_reduce")
         self.assertEqual(result.skipped[0][1], "Need at least 2 CUDA devices, found 1")
         self.assertEqual((case.processes, case.file_name), ([], None))

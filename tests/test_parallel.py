@@ -21,7 +21,7 @@ from unittest import mock
 
 import pytest
 
-from harness import devices
+from harness import settings
 from harness.runner import parallel
 from tests.fixtures import REPO, child_env
 from tests.fixtures import side_by_side as fixture
@@ -76,7 +76,7 @@ class UnitsTest(unittest.TestCase):
         hooks = parallel.Hooks(lambda i: None, lambda t, r, p: None, lambda m, s: None,
                                lambda: False)
         units = [parallel.Unit(i, "m", [], c) for i, c in enumerate((2, 3, 1))]
-        with mock.patch.object(devices, "device_type", lambda: "cpu"):
+        with mock.patch.object(settings, "device_type", lambda: "cpu"):
             controller = parallel.Controller(units, 2, 4, hooks)
         self.assertEqual(controller._next_unit().index, 0)
         with mock.patch.object(controller, "_used", lambda: 2):
@@ -87,7 +87,7 @@ class UnitsTest(unittest.TestCase):
 
     def test_jobs(self) -> None:
         self.assertEqual(parallel.parse_jobs("3"), 3)
-        self.assertEqual(parallel.parse_jobs("auto"), devices.machine_cores())
+        self.assertEqual(parallel.parse_jobs("auto"), settings.machine_cores())
         with self.assertRaisesRegex(ValueError, "'0' is neither a positive integer nor 'auto'"):
             parallel.parse_jobs("0")
 

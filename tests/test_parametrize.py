@@ -1,4 +1,5 @@
-"""harness.parametrize: generated test names, stacking, errors (grids: test_subtests.py)."""
+"""harness.single_process.parametrize: generated test names, stacking, errors (grids:
+test_subtests.py)."""
 
 import enum
 import unittest
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from harness import TestCase, instantiate_parametrized_tests, parametrize, subtest
-from harness.skips import REQUIREMENTS_ATTR, skip_if_lt_x_gpu
+from harness.requirements.decorators import REQUIREMENTS_ATTR, skip_if_lt_x_gpu
 from tests.upstream_style.ids_declarations import declare, upstream_declarations
 
 

@@ -66,6 +66,11 @@ class TestPlacement:
         assert placement(cuda, 2, accelerators=0).device_type == "cpu"
         assert placement(Ranks((2,), device="cuda"), 2, 0, allow_cpu_env=True).skip is None
 
+    def test_the_cpu_stands_in_only_without_any_accelerator(self) -> None:
+        cuda = Ranks((2,), device="cuda", allow_cpu=True)
+        assert placement(cuda, 2, accelerators=1).skip == "needs 2 CUDA device(s), 1 available here"
+        assert placement(Ranks((2,), device="cuda"), 2, 1, allow_cpu_env=True).skip is not None
+
     def test_cpu_and_threads_stay_on_the_cpu_and_a_backend_wins(self) -> None:
         assert placement(Ranks((2,), device="cpu"), 2, accelerators=8).device_type == "cpu"
         assert placement(Ranks((2,), mode="threads"), 2, accelerators=8).device_type == "cpu"

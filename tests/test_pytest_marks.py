@@ -1,4 +1,4 @@
-"""harness/pytest_marks.py: pytest's skip, skipif and xfail marks on unittest tests,
+"""harness/single_process/pytest_marks.py: pytest's skip, skipif and xfail marks on unittest tests,
 honoured by the harness's runners as pytest would (fast: in-process unittest runs)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, List
 import pytest
 
 from harness.outcome.rank_record import Event, RankRecord
-from harness.pytest_marks import honour_pytest_marks, verdict
+from harness.single_process.pytest_marks import honour_pytest_marks, verdict
 from tests.fixtures.events import rank_failure
 from tests.test_launcher import faked
 

@@ -52,10 +52,10 @@ class LauncherEnvironment(unittest.TestCase):
         })
 
     def test_a_rank_is_not_taken_for_a_process_torchrun_launched(self) -> None:
-        from harness import devices
+        from harness import settings
 
         with mock.patch.dict(os.environ, rank.launcher_environment(0, 2, 29511)):
-            self.assertIsNone(devices.torchrun_env())
+            self.assertIsNone(settings.torchrun_env())
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from harness.outcome.rank_record import (
     picklable_params,
 )
 from harness.outcome.report import Shown
-from harness.skips import TEST_SKIPS
+from harness.requirements.decorators import TEST_SKIPS
 from tests.fixtures.events import rank_failure
 
 

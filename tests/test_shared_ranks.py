@@ -23,7 +23,7 @@ from unittest import mock
 import pytest
 
 from harness.process import forkserver
-from harness.skips import TEST_SKIPS
+from harness.requirements.decorators import TEST_SKIPS
 from tests import fault_cases
 from tests.fault_cases import FAULT_DIR_ENV
 from tests.fixtures import procs

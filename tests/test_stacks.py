@@ -29,7 +29,7 @@ Thread 0x00007f4b39d296c0 (most recent call first):
 
 Current thread 0x00007f4b5dbd4b80 (most recent call first):
   File "{USER}", line 39 in test_crash
-  File "{HARNESS}/testcase.py", line 249 in join_or_run
+  File "{HARNESS}/single_process/testcase.py", line 249 in join_or_run
   File "{MP}", line 108 in run
   File "<string>", line 1 in <module>
 
@@ -38,6 +38,13 @@ Extension modules: numpy._core._multiarray_umath, torch._C (total: 2)
 
 
 class Format(unittest.TestCase):
+    def test_the_single_process_machinery_is_hidden_and_the_kit_is_not(self) -> None:
+        for name in ("testcase.py", "comparison.py", "subtests.py", "parametrize.py"):
+            path = os.path.join(HARNESS, "single_process", name)
+            self.assertTrue(os.path.exists(path), path)
+            self.assertTrue(stacks.is_hidden(path), path)
+        self.assertFalse(stacks.is_hidden(os.path.join(HARNESS, "kit", "fsdp.py")))
+
     def test_crash_dump_becomes_the_crashing_threads_stack_most_recent_last(self) -> None:
         stack = stacks.from_faulthandler(CRASH_DUMP, crashed=True)
         self.assertEqual(stack, f'  File "{USER}", line 39, in test_crash')
@@ -66,8 +73,9 @@ class Format(unittest.TestCase):
     def test_harness_frames_are_hidden_unless_nothing_else_is_left(self) -> None:
         frames = [
             Frame("<string>", 1, "<module>"), Frame(MP, 108, "run"),
-            Frame(f"{HARNESS}/testcase.py", 249, "join_or_run"), Frame(USER, 20, "test_x"),
-            Frame(f"{HARNESS}/testcase.py", 304, "assertEqual"),
+            Frame(f"{HARNESS}/single_process/testcase.py", 249, "join_or_run"),
+            Frame(USER, 20, "test_x"),
+            Frame(f"{HARNESS}/single_process/testcase.py", 304, "assertEqual"),
             Frame(f"{HARNESS}/kit/models.py", 10, "forward"),  # the kit is the user's library
         ]
         self.assertEqual(stacks.visible(frames), [frames[3], frames[5]])
@@ -77,7 +85,7 @@ class Format(unittest.TestCase):
     def test_traceback_text_is_cleaned_and_parsed(self) -> None:
         text = (
             "Traceback (most recent call last):\n"
-            f'  File "{HARNESS}/testcase.py", line 249, in join_or_run\n'
+            f'  File "{HARNESS}/single_process/testcase.py", line 249, in join_or_run\n'
             "    return join()\n"
             f'  File "{USER}", line 20, in test_x\n'
             "    self.assertEqual(a, b)\n"

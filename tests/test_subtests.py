@@ -1,4 +1,5 @@
-"""harness.subtests: grids inside one test, as upstream's run_subtests plus every failing point.
+"""harness.single_process.subtests: grids inside one test, as upstream's run_subtests plus every
+failing point.
 
 Upstream resets dynamo around every grid point and puts a barrier after each; here the same,
 and a failing point does not end the grid.

@@ -1,4 +1,4 @@
-"""harness.testcase: tensor-aware equality, seeding, run_subtests as a method."""
+"""harness.single_process.testcase: tensor-aware equality, seeding, run_subtests as a method."""
 
 import datetime
 import enum
@@ -25,7 +25,7 @@ from harness import TestCase
 from harness.launch.context import RankContext
 from harness.launch.routing import route_test_method
 from harness.outcome.rank_record import RankRecord, RecordSink, ReportingResult
-from harness.testcase import SEED_ENV, current_seed
+from harness.single_process.testcase import SEED_ENV, current_seed
 from tests.upstream_probe import compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -614,7 +614,8 @@ class UpstreamTestStateTest(unittest.TestCase):
                 def test_x(self):
                     self.assertExpectedRaises(ValueError, int, "x")
 
-            with mock.patch("harness.testcase._expect_file", return_value=(path, "Case.test_x")):
+            with mock.patch("harness.single_process.testcase._expect_file",
+                            return_value=(path, "Case.test_x")):
                 missing = _run_case(Case, "test_x")
                 with mock.patch("expecttest.ACCEPT", True):
                     self.assertTrue(_run_case(Case, "test_x").wasSuccessful())

@@ -24,10 +24,10 @@ import torch
 import torch.distributed as dist
 
 from harness.compat import c10d_world
-from harness.testcase import TestCase
+from harness.single_process.testcase import TestCase
 from harness.threads import backend as threaded_pg
 from harness.threads import world as thread_world
-from harness.threads.case import MultiThreadedTestCase
+from harness.threads.multithreaded_case import MultiThreadedTestCase
 
 WORLD_SIZES = (1, 2, 3, 4)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int64)

@@ -28,7 +28,7 @@ from unittest import mock
 import pytest
 import torch.distributed as dist
 
-from harness import MultiProcessTestCase, devices
+from harness import MultiProcessTestCase, settings
 from harness.process import torchrun as torchrun_launcher
 from tests.fixtures import REPO, child_env, upstream_diff
 
@@ -189,7 +189,7 @@ class TestTorchrunHere(unittest.TestCase):
             self.assertIsNone(torchrun_launcher.this_run())
             self.assertEqual(4, MultiProcessTestCase.world_size)
             os.environ["HARNESS_LAUNCHED"] = "1"
-            self.assertEqual((0, 1), devices.torchrun_env())
+            self.assertEqual((0, 1), settings.torchrun_env())
             self.assertEqual(1, MultiProcessTestCase.world_size)  # the launched processes
 
     def test_who_reports(self) -> None:
@@ -204,7 +204,7 @@ class TestTorchrunHere(unittest.TestCase):
 
     def test_malformed_launch_env_names_it(self) -> None:
         with mock.patch.dict(os.environ, self.env(rank="zero")):
-            with self.assertRaisesRegex(devices.HarnessConfigError, "RANK='zero'"):
+            with self.assertRaisesRegex(settings.HarnessConfigError, "RANK='zero'"):
                 torchrun_launcher.this_run()
 
     def test_a_single_rank_runs_here_and_leaves_no_group(self) -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import TestCase, devices
+from harness import TestCase, settings
 from harness.kit import checkpoint, composable_models, ddp_helpers, dynamo_dist
 from tests.differential import both
 
@@ -292,7 +292,7 @@ class SingleProcTest(unittest.TestCase):
         class Probe(dynamo_dist.DynamoDistributedSingleProcTestCase):
             def test_group(self) -> None:
                 self.assertEqual((dist.get_rank(), dist.get_world_size()), (0, 1))
-                self.assertEqual(self.device, f"{devices.device_type()}:0")
+                self.assertEqual(self.device, f"{settings.device_type()}:0")
 
         result = unittest.TestResult()
         unittest.TestSuite([Probe("test_group")]).run(result)

@@ -8,9 +8,9 @@ each its CPU analog, and they apply only inside a rank (the running test on the 
 rank of a multi-rank test: a rank process, or a rank thread of MultiThreadedTestCase) and only
 while the CPU stands in for accelerators (HARNESS_ALLOW_CPU=1, none present). Rank processes
 install them when they start (harness/process/rank.py); thread ranks share the runner's process,
-which installs them before starting the threads (skips.py), and every other test of that process
-still gets torch's own behaviour. Neither analog changes what is computed: the module stays
-where its parameters are, on the CPU.
+which installs them before starting the threads (harness/requirements/decorators.py), and every
+other test of that process still gets torch's own behaviour. Neither analog changes what is
+computed: the module stays where its parameters are, on the CPU.
 
 Each adaptation, when it fires, writes one line to the rank's stderr (once per test) and
 appends `<key>\t<test id>` to the run's adaptation log: a file named by HARNESS_CPU_ADAPTATIONS,
@@ -33,7 +33,8 @@ from typing import Any, Dict, Iterator, Optional, Set, Tuple
 import torch
 import torch.distributed as dist
 
-from harness import devices
+from harness import settings
+from harness.requirements import decorators
 
 LOG_ENV = "HARNESS_CPU_ADAPTATIONS"
 FSDP_DEVICE_ID = "fsdp1_device_id"
@@ -61,7 +62,7 @@ class CpuAdaptations:
         """Adapt FSDP1 and DDP in this process when the CPU stands in for accelerators (for
         the ranks that run here). Returns whether the adaptations are on; installing twice is
         a no-op."""
-        if not devices.cpu_stands_in():
+        if not decorators.cpu_stands_in():
             return False
         with self._lock:
             if not self.installed:
@@ -84,7 +85,7 @@ class CpuAdaptations:
                 return
             self._reported.add((key, test_id))
         print(f"[harness] HARNESS_ALLOW_CPU: {ADAPTATIONS[key][0]}", file=sys.stderr, flush=True)
-        path = os.environ.get(LOG_ENV)
+        path = settings.env_text(LOG_ENV)
         if path:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:  # one short write with O_APPEND: lines of concurrent ranks do not interleave
@@ -111,7 +112,7 @@ def _in_rank() -> Optional[unittest.TestCase]:
     """The running test when it is a rank (process or thread) and the CPU stands in, else None."""
     case = _running_case()
     rank = getattr(case, "rank", None)
-    if isinstance(rank, int) and rank >= 0 and devices.cpu_stands_in():
+    if isinstance(rank, int) and rank >= 0 and decorators.cpu_stands_in():
         return case
     return None
 
@@ -195,7 +196,7 @@ def adaptation_log() -> Iterator[None]:
 
     Nested runs (run_tests inside run_all.py's process) keep the outer run's log.
     """
-    if os.environ.get(LOG_ENV) or not devices.cpu_stands_in():
+    if settings.env_text(LOG_ENV) or not decorators.cpu_stands_in():
         yield
         return
     folder = tempfile.mkdtemp(prefix="harness-cpu-adaptations-")
@@ -210,7 +211,7 @@ def adaptation_log() -> Iterator[None]:
 def summary_line() -> Optional[str]:
     """The run's summary of adaptations that fired, e.g. `CPU adaptations (HARNESS_ALLOW_CPU):
     FSDP1 device_id=cpu in 12 tests; DDP device_ids=None in 3 tests`; None when none fired."""
-    path = os.environ.get(LOG_ENV)
+    path = settings.env_text(LOG_ENV)
     if not path or not os.path.exists(path):
         return None
     tests: Dict[str, Set[str]] = {}

@@ -13,9 +13,9 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 import torch.nn as nn
 
-from harness import devices
-from harness.devices import TIMEOUT_OVERRIDE  # the one dict the bases' timeouts read
-from harness.skips import TEST_HPU, TEST_XPU
+from harness import settings
+from harness.requirements.decorators import TEST_HPU, TEST_XPU
+from harness.settings import TIMEOUT_OVERRIDE  # the one dict the bases' timeouts read
 
 __all__ = [
     "SaveForwardInputsModel", "SaveForwardInputsModule", "TIMEOUT_OVERRIDE", "get_timeout",
@@ -37,7 +37,7 @@ def requires_ddp_rank(device: str) -> bool:
 def get_timeout(test_id: str) -> float:
     """Seconds a test may take: its override by method name, else the default (300, or
     DISTRIBUTED_TESTS_DEFAULT_TIMEOUT, or what the file set TIMEOUT_DEFAULT to)."""
-    return TIMEOUT_OVERRIDE.get(test_id.split(".")[-1], devices.TIMEOUT_DEFAULT)
+    return TIMEOUT_OVERRIDE.get(test_id.split(".")[-1], settings.TIMEOUT_DEFAULT)
 
 
 class SaveForwardInputsModule(nn.Module):

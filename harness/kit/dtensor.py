@@ -25,18 +25,18 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 
-from harness import devices
+from harness import settings
 from harness.compat import local_tensor as compat_local_tensor
 from harness.compat.local_tensor import tree_flatten, tree_unflatten
 from harness.launch.in_process import SimulatedRanks
 from harness.launch.launcher import Launcher
 from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
-from harness.skips import TEST_SKIPS, accelerators_suffice, skip_if_lt_x_gpu
-from harness.testcase import TestCase
-from harness.threads.case import MultiThreadedTestCase
+from harness.requirements.decorators import TEST_SKIPS, accelerators_suffice, skip_if_lt_x_gpu
+from harness.single_process.testcase import TestCase
+from harness.threads.multithreaded_case import MultiThreadedTestCase
 
-DEFAULT_WORLD_SIZE = devices.DEFAULT_WORLD_SIZE  # upstream's NUM_DEVICES without 2-3 GPUs
+DEFAULT_WORLD_SIZE = settings.DEFAULT_WORLD_SIZE  # upstream's NUM_DEVICES without 2-3 GPUs
 
 T = TypeVar("T")
 
@@ -47,22 +47,22 @@ def _ranks_for(accelerators: int) -> int:
 
 def num_devices() -> int:
     """Ranks a DTensor test uses: 4, or fewer when 2-3 accelerators are present (as upstream)."""
-    return _ranks_for(devices.accelerator_count())
+    return _ranks_for(settings.accelerator_count())
 
 
 def _accelerators_at_import() -> int:
     """The accelerator count for the module constants; a bad HARNESS_DEVICE must not break
     `import harness` (the bases report it, one line, when a test runs)."""
     try:
-        return devices.accelerator_count()
-    except devices.HarnessConfigError:
+        return settings.accelerator_count()
+    except settings.HarnessConfigError:
         return 0
 
 
 # Upstream's module constants, fixed at import; the bases ask again at call time.
 NUM_DEVICES = _ranks_for(_accelerators_at_import())
 DEVICE_TYPE = "cuda" if _accelerators_at_import() > 0 else "cpu"
-PG_BACKEND = devices.backend_for(DEVICE_TYPE)
+PG_BACKEND = settings.backend_for(DEVICE_TYPE)
 
 
 def skip_unless_torch_gpu(method: T) -> T:
@@ -85,9 +85,9 @@ class DTensorTestMixin:
     @property
     def device_type(self) -> str:
         """The accelerator type when there is one per rank, else "cpu" (as upstream)."""
-        if devices.accelerator_count() < self.world_size:
+        if settings.accelerator_count() < self.world_size:
             return "cpu"
-        return devices.device_type()
+        return settings.device_type()
 
     def build_device_mesh(self) -> DeviceMesh:
         """A 1-D mesh over all ranks on this test's device type."""
@@ -134,7 +134,7 @@ class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
     @property
     def backend(self) -> str:
         """The default collective backend of this test's device type (gloo on CPU)."""
-        return devices.backend_for(self.device_type)
+        return settings.backend_for(self.device_type)
 
     def _supported_backends(self) -> Tuple[str, ...]:
         own = f"cpu:gloo,{self.device_type}:{self.backend}"
@@ -153,8 +153,8 @@ class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
             backend = self.backend
         if backend not in self._supported_backends():
             raise RuntimeError(f"Backend {backend} not supported!")
-        if any(name in backend for name in devices.ACCELERATOR_BACKENDS):
-            found = devices.accelerator_count()
+        if any(name in backend for name in settings.ACCELERATOR_BACKENDS):
+            found = settings.accelerator_count()
             if not accelerators_suffice(self.world_size):
                 known = TEST_SKIPS.get(f"multi-gpu-{self.world_size}")
                 need = known.message if known else f"Need at least {self.world_size} devices"
@@ -162,12 +162,12 @@ class DTensorTestBase(DTensorTestMixin, MultiProcessTestCase):
                     f"{need}: backend {backend} needs one per rank, found {found}"
                 )
             if found == 0:  # HARNESS_ALLOW_CPU=1: the CPU stands in, with the CPU's backend
-                backend = devices.backend_for("cpu")
+                backend = settings.backend_for("cpu")
         if backend == compat_local_tensor.FAKE_BACKEND:
             compat_local_tensor.register_fake_backend()
         device_id = None
         if "nccl" in backend or "xccl" in backend:
-            device = devices.rank_device(self.rank)
+            device = settings.rank_device(self.rank)
             torch.accelerator.set_device_index(device.index)
             device_id = device if eager_init else None
         dist.init_process_group(
@@ -194,18 +194,18 @@ class DTensorContinuousTestBase(DTensorTestMixin, MultiProcContinuousTest):
 
     @classmethod
     def backend_str(cls) -> str:
-        return devices.backend_for(devices.device_type())
+        return settings.backend_for(settings.device_type())
 
     @classmethod
     def _init_pg(cls, rank: int, world_size: int, rdvz_file: str) -> None:
         """Bind each rank to its accelerator first; skip with fewer accelerators than ranks."""
-        found = devices.accelerator_count()
+        found = settings.accelerator_count()
         if found > 0:
             if world_size > found:
                 raise unittest.SkipTest(
                     f"Need at least {world_size} CUDA devices: one per rank, found {found}"
                 )
-            torch.accelerator.set_device_index(devices.rank_device(rank).index)
+            torch.accelerator.set_device_index(settings.rank_device(rank).index)
         super()._init_pg(rank, world_size, rdvz_file)
 
 
@@ -285,7 +285,7 @@ class DTensorOpTestBase(MultiThreadedTestCase):
 
     @property
     def device_type(self) -> str:
-        return devices.device_type()
+        return settings.device_type()
 
     def build_device_mesh(self) -> DeviceMesh:
         """A 1-D mesh over all ranks on this test's device type."""

@@ -14,11 +14,11 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
-from harness import devices
+from harness import settings
 from harness.compat.dynamo import reset_dynamo, test_config
 from harness.kit.fake_pg import FakeStore
 from harness.process.case import DistributedTestBase
-from harness.testcase import TestCase
+from harness.single_process.testcase import TestCase
 
 __all__ = [
     "DynamoDistributedMultiProcTestCase", "DynamoDistributedSingleProcTestCase",
@@ -36,11 +36,11 @@ def _dynamo_dist_per_rank_init(rank: int, world_size: int, backend: Optional[str
                                init_pg: bool = True, fake_pg: bool = False) -> Iterator[None]:
     """Inside a rank: the default group (the device's default backend, or the fake one with
     `fake_pg`), Dynamo reset around the block, the group destroyed after it."""
-    device = devices.rank_device(rank)
+    device = settings.rank_device(rank)
     if not fake_pg and device.index is not None:
         torch.accelerator.set_device_index(device.index)
     if backend is None:
-        backend = devices.backend_for(device)
+        backend = settings.backend_for(device)
     os.environ["MASTER_ADDR"] = MASTER_ADDR
     os.environ["MASTER_PORT"] = PER_RANK_PORT
     if init_pg:
@@ -72,10 +72,10 @@ class DynamoDistributedSingleProcTestCase(TestCase):
         cls._exit_stack.enter_context(mock.patch.dict(
             os.environ, {"MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": SINGLE_PROC_PORT}))
         cls.rank = 0
-        device = devices.device_type()
+        device = settings.device_type()
         cls.device = f"{device}:{cls.rank}"
         cls.device_ids = None if device in cls.device else [cls.rank]
-        dist.init_process_group(devices.backend_for(device), rank=cls.rank, world_size=1)
+        dist.init_process_group(settings.backend_for(device), rank=cls.rank, world_size=1)
 
     @classmethod
     def tearDownClass(cls) -> None:

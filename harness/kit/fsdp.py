@@ -29,7 +29,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness import devices
+from harness import settings
 from harness.compat import fsdp1
 from harness.compat import local_tensor as compat_local_tensor
 from harness.kit.fsdp_helpers import _zero_model, get_full_params
@@ -37,10 +37,10 @@ from harness.kit.models import DEVICEInitMode, FSDPInitMode, fsdp_kwargs_for_dev
 from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest, class_device_type
 from harness.process.rank import destroy_default_group
-from harness.skips import require_accelerator_per_rank
-from harness.threads.case import MultiThreadedTestCase
+from harness.requirements.decorators import require_accelerator_per_rank
+from harness.requirements.world_size import BaseWorldSize
+from harness.threads.multithreaded_case import MultiThreadedTestCase
 from harness.threads.world import RankReleased
-from harness.world_size import BaseWorldSize
 
 
 class _RankDevice:
@@ -50,12 +50,12 @@ class _RankDevice:
 
     @property
     def device_type(self) -> str:
-        return devices.device_type()
+        return settings.device_type()
 
     @property
     def device(self) -> torch.device:
         """This rank's device: its own GPU, or the CPU."""
-        return devices.rank_device(max(self.rank, 0))
+        return settings.rank_device(max(self.rank, 0))
 
     @property
     def process_group(self) -> Any:
@@ -348,7 +348,7 @@ class FSDPTest(FSDPTestMixin, _AcceleratorPerRank, _RankDevice, MultiProcessTest
             compat_local_tensor.init_fake_process_group(self.world_size, rank=self.rank)
         elif not dist.is_initialized():  # a suite's own `_run` may have made it already
             dist.init_process_group(
-                backend=devices.backend_for(self.device_type),
+                backend=settings.backend_for(self.device_type),
                 init_method=self.init_method,
                 rank=self.rank,
                 world_size=self.world_size,
@@ -367,7 +367,8 @@ class FSDPTest(FSDPTestMixin, _AcceleratorPerRank, _RankDevice, MultiProcessTest
 
 
 class FSDPTestMultiThread(_RankDevice, MultiThreadedTestCase):
-    """FSDPTest for thread ranks (harness/threads/case.py): same device, group and barriers.
+    """FSDPTest for thread ranks (harness/threads/multithreaded_case.py): same device, group and
+    barriers.
 
     Each rank thread's default group (backend `threaded`) is initialised before setUp, the
     rank's device is selected and a barrier keeps the ranks together; after the case, a
@@ -409,15 +410,15 @@ class FSDPTestContinuous(FSDPTestMixin, _AcceleratorPerRank, MultiProcContinuous
 
     @classmethod
     def backend_str(cls) -> str:
-        return devices.backend_for(class_device_type(cls))
+        return settings.backend_for(class_device_type(cls))
 
     @classmethod
     def device_type(cls) -> str:
-        return devices.device_type()
+        return settings.device_type()
 
     @classmethod
     def _init_pg(cls, rank: int, world_size: int, rdvz_file: str) -> None:
-        device = devices.rank_device(rank)
+        device = settings.rank_device(rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         super()._init_pg(rank, world_size, rdvz_file)
@@ -425,7 +426,7 @@ class FSDPTestContinuous(FSDPTestMixin, _AcceleratorPerRank, MultiProcContinuous
     @property
     def device(self) -> torch.device:
         """This rank's device: its own GPU, or the CPU."""
-        return devices.rank_device(max(self.rank, 0))
+        return settings.rank_device(max(self.rank, 0))
 
     @property
     def process_group(self) -> Any:

@@ -24,7 +24,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from harness import devices
+from harness import settings
 from harness.compat import fsdp2, fsdp_collectives, inductor
 
 __all__ = [
@@ -54,7 +54,7 @@ __all__ = [
 
 def get_devtype() -> torch.device:
     """The device type FSDP tests run on, as a device: ``cuda`` with accelerators, else ``cpu``."""
-    return torch.device(devices.device_type())
+    return torch.device(settings.device_type())
 
 
 def subtest_name(test_name_mapping: Dict[str, str], *args: Any) -> str:

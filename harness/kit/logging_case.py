@@ -16,7 +16,7 @@ from harness.compat.torch_logging import (
     registered_log_names,
     reset_log_state,
 )
-from harness.testcase import TestCase
+from harness.single_process.testcase import TestCase
 
 __all__ = ["LoggingTestCase"]
 

@@ -34,7 +34,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from harness.compat import cuda, distributed, fsdp1, fsdp_collectives
-from harness.devices import device_type
+from harness.settings import device_type
 
 GroupArg = Union[dist.ProcessGroup, Tuple[dist.ProcessGroup, dist.ProcessGroup]]
 

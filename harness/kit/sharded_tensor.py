@@ -19,18 +19,18 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed import rpc
-from torch.distributed._shard import sharded_tensor
-from torch.distributed._shard.sharded_tensor import ShardedTensor
-from torch.distributed._shard.sharding_spec import (
+
+from harness import settings
+from harness.compat.sharding import (
     ChunkShardingSpec,
     EnumerableShardingSpec,
+    ShardedTensor,
     ShardMetadata,
+    sharded_tensor,
 )
-
-from harness import devices
-from harness.network import tp_transports
 from harness.process.case import MultiProcessTestCase
-from harness.skips import TEST_SKIPS
+from harness.requirements.decorators import TEST_SKIPS
+from harness.upstream.network import tp_transports
 
 __all__ = [
     "DEFAULT_GPU_NUM", "PLACEMENTS", "TEST_GPU_NUM", "MyShardedModel1", "MyShardedModel2",
@@ -95,12 +95,12 @@ class ShardedTensorTestBase(MultiProcessTestCase):
 def _accelerators_lacking(backend: str, world_size: int) -> bool:
     """Upstream's rule: an accelerator backend needs an accelerator whose default backend it
     is, and one per rank."""
-    if backend not in devices.ACCELERATOR_BACKENDS:
+    if backend not in settings.ACCELERATOR_BACKENDS:
         return False
     accelerator = torch.accelerator.current_accelerator()
     return (
         accelerator is None
-        or backend != devices.backend_for(accelerator.type)
+        or backend != settings.backend_for(accelerator.type)
         or torch.accelerator.device_count() < world_size
     )
 

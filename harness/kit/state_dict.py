@@ -11,10 +11,10 @@ from typing import Any, Dict
 
 import torch
 import torch.nn as nn
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 from torch.distributed.tensor import DTensor
 
+from harness.compat.sharding import ShardedTensor
 from harness.compat.state_dict import gather_state_dict
 
 __all__ = [

@@ -22,7 +22,8 @@ import math
 import time
 from typing import Any, FrozenSet, List, Optional, Tuple
 
-from harness import devices
+from harness import settings
+from harness.compat import unittest_internals
 from harness.launch.context import RankContext
 from harness.launch.job import Job
 from harness.launch.launcher import Launcher, RankSetup
@@ -32,10 +33,15 @@ from harness.outcome.merge import decide
 from harness.outcome.rank_record import RankRecord
 from harness.outcome.replay import replay
 from harness.outcome.report import TestReport
-from harness.skip_codes import SKIP_BY_EXIT_CODE
-from harness.skips import check_case_requirements
-from harness.testcase import TestCase, current_seed, seed_everything
-from harness.world_size import BaseWorldSize, fix_world_size, world_size_of, wrap_world_size
+from harness.requirements.decorators import check_case_requirements
+from harness.requirements.skip_codes import SKIP_BY_EXIT_CODE
+from harness.requirements.world_size import (
+    BaseWorldSize,
+    fix_world_size,
+    world_size_of,
+    wrap_world_size,
+)
+from harness.single_process.testcase import TestCase, current_seed, seed_everything
 
 # unittest and pytest hide frames of modules that define these, as unittest does for its
 # own: a multi-rank failure then shows the rank's traceback, not the supervisor's.
@@ -58,7 +64,7 @@ def timeout_before(left: float) -> float:
     return max(MIN_TIMEOUT_S, math.floor((left - margin) * 10) / 10)
 
 
-class RankedTestCase(TestCase):
+class RankedTestCase(unittest_internals.TestHooks, TestCase):
     """A test run once per rank by a launcher; the runner's instance supervises.
 
     `self.rank` is SUPERVISOR_RANK in the supervisor and the rank's number in a rank;
@@ -67,13 +73,13 @@ class RankedTestCase(TestCase):
 
     # In a rank, what its launcher told it (`attach_rank`); None in the supervisor.
     rank_context: Optional[RankContext] = None
-    timeout: float = devices.DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
+    timeout: float = settings.DefaultTimeout()  # type: ignore[assignment]  # seconds; classes may set
     # A runner's own limit on this test (time.monotonic()), e.g. pytest-timeout's: the ranks are
     # stopped early enough for the harness's hang report to be what the user sees.
     deadline: Optional[float] = None
-    timeout_cap: Optional[float] = None  # what meeting the deadline leaves (devices.test_timeout)
+    timeout_cap: Optional[float] = None  # what meeting the deadline leaves (settings.test_timeout)
     # How many ranks run the test (classes override it, as an int or a property): the base's
-    # default; once a run decided the number (harness/world_size.py), that number.
+    # default; once a run decided the number (harness/requirements/world_size.py), that number.
     world_size: int = BaseWorldSize()  # type: ignore[assignment]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -121,7 +127,7 @@ class RankedTestCase(TestCase):
     def checked_rank_settings(self) -> Tuple[int, float]:
         """(world_size, timeout), checked before any rank starts: a world size of 0 skips, a
         bad world size or timeout is a one-line config error (bases add their own checks)."""
-        return devices.checked_rank_settings(self, world_size_of(self))
+        return settings.checked_rank_settings(self, world_size_of(self))
 
     def _fix_rank_settings(self) -> None:
         fix_world_size(self, self.checked_rank_settings()[0])
@@ -149,12 +155,12 @@ class RankedTestCase(TestCase):
 
     def job(self) -> Job:
         """This test as its launcher runs it: the class, found in each rank by name, runs
-        `self._testMethodName` there."""
+        its test method there."""
         cls = type(self)
         return Job(
             test_id=self.id(), module=cls.__module__, qualname=cls.__qualname__,
-            method=self._testMethodName, world_size=self.world_size,
-            timeout=devices.test_timeout(self), inputs=self.rank_inputs(),
+            method=unittest_internals.method_name(self), world_size=self.world_size,
+            timeout=settings.test_timeout(self), inputs=self.rank_inputs(),
             shared_key=self.shared_ranks_key(), fake_pg=bool(getattr(cls, "fake_pg", False)),
             local_class=cls,
         )
@@ -165,7 +171,7 @@ class RankedTestCase(TestCase):
 
     def reported_name(self) -> str:
         """The test's name in what a rank reports about it (a leak): its method's."""
-        return self._testMethodName
+        return unittest_internals.method_name(self)
 
     def rank_inputs(self) -> Any:
         """What every rank gets with the test (`RankContext.inputs`), picklable; None for a
@@ -189,7 +195,7 @@ class RankedTestCase(TestCase):
         assert launcher is not None and job is not None
         self._meet_deadline()
         try:
-            records, timed_out_after = launcher.join(job.with_timeout(devices.test_timeout(self)))
+            records, timed_out_after = launcher.join(job.with_timeout(settings.test_timeout(self)))
         except BaseException:  # KeyboardInterrupt too: nothing a test started outlives it
             launcher.close()
             raise
@@ -217,9 +223,8 @@ class RankedTestCase(TestCase):
         replay(self, report)
 
     def _expecting_failure(self) -> bool:
-        method = getattr(self, self._testMethodName, None)
-        return bool(getattr(method, "__unittest_expecting_failure__", False)
-                    or getattr(self, "__unittest_expecting_failure__", False))
+        method = getattr(self, unittest_internals.method_name(self), None)
+        return any(map(unittest_internals.expects_failure, (method, self)))
 
     def _meet_deadline(self) -> None:
         """Cap the timeout so that the ranks are stopped and reported before `deadline`."""
@@ -243,18 +248,18 @@ class RankedTestCase(TestCase):
     def rank_tear_down(self) -> None:
         """In a rank, in place of tearDown: what the base undoes after the test method."""
 
-    def _callSetUp(self) -> None:  # noqa: N802 - unittest's hook
+    def call_set_up(self) -> None:
         if self.rank_context is None:
-            super()._callSetUp()
+            super().call_set_up()
         else:
             self.rank_set_up()
 
-    def _callTestMethod(self, method: Any) -> None:  # noqa: N802 - unittest's hook
+    def call_test_method(self, method: Any) -> None:
         if self.rank_context is None:
-            super()._callTestMethod(method)
+            super().call_test_method(method)
             return
         try:
-            super()._callTestMethod(method)
+            super().call_test_method(method)
         except SystemExit as exit_:
             # Upstream's rank process just ends, with that exit code (0: a pass), without
             # the base's tear-down: so does this rank. A skip code is unittest's skip.
@@ -265,9 +270,9 @@ class RankedTestCase(TestCase):
             if code:
                 self.rank_context.result.add_exit(code)
 
-    def _callTearDown(self) -> None:  # noqa: N802 - unittest's hook
+    def call_tear_down(self) -> None:
         if self.rank_context is None:
-            super()._callTearDown()
+            super().call_tear_down()
         elif not self._exited_early:
             self.rank_tear_down()
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import Iterable, Optional
 
-from harness import devices
+from harness import settings
 from harness.outcome.rank_record import RankRecord
 
 GRACE_S = 3.0  # once a rank ended the test, how long the others may still run and report
@@ -45,7 +45,7 @@ class FailFast:
         was first seen ending the test; never (inf) before that, nor while one is debugged."""
         if (
             self._ended_at is None
-            and devices.debug_rank() is None
+            and settings.debug_rank() is None
             and any(ended_test(record) for record in records)
         ):
             self._ended_at = time.monotonic()

@@ -12,6 +12,8 @@ import types
 import unittest
 from typing import Any, Callable
 
+from harness.compat import unittest_internals
+
 # unittest and pytest hide frames of modules that define these: a failure points at the
 # test's line, not at the routing.
 __unittest = True
@@ -25,7 +27,7 @@ def route_test_method(case: unittest.TestCase, join: Callable[[], Any]) -> None:
     The replacement is bound with MethodType: unittest's loader treats a plain function found
     on an instance as a static method and calls it without `self`.
     """
-    name = case._testMethodName
+    name = unittest_internals.method_name(case)
     method = getattr(case, name, None)
     if method is None:
         return

@@ -15,6 +15,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
+from harness.compat import unittest_internals
 from harness.outcome.stacks import Frame
 
 ExcInfo = Tuple[Any, Any, Any]
@@ -38,7 +39,7 @@ class Failure:
         """The failure `exc_info` describes, its leading harness frames (unittest's hidden
         ones, `__unittest`) left out as unittest leaves them out."""
         exctype, value, tb = exc_info
-        while tb is not None and "__unittest" in tb.tb_frame.f_globals:
+        while tb is not None and unittest_internals.hidden_by_unittest(tb.tb_frame):
             tb = tb.tb_next
         return cls(
             exc_module=getattr(exctype, "__module__", "builtins") or "builtins",

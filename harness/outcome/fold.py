@@ -26,6 +26,7 @@ import time
 import unittest
 from typing import Any, List, Optional, Protocol, runtime_checkable
 
+from harness.compat import unittest_internals
 from harness.outcome.replay import replayed_report
 from harness.outcome.report import (
     FAILED,
@@ -206,7 +207,7 @@ class OneReportPerTest:
         self._builder = ReportBuilder(test)
 
     def _text(self, err: Any, test: Any) -> str:
-        return self._exc_info_to_string(err, test)  # type: ignore[attr-defined]
+        return unittest_internals.exc_info_to_string(self, err, test)  # type: ignore[arg-type]
 
     def _problem(self, test: Any, status: str, err: Any) -> None:
         if isinstance(test, unittest.TestCase) and (

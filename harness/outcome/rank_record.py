@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 from harness.outcome.collective_trace import CollectiveCall
 from harness.outcome.failure import Failure
 from harness.outcome.report import Shown, params_from_json, params_to_json
-from harness.skip_codes import SKIP_BY_EXIT_CODE
+from harness.requirements.skip_codes import SKIP_BY_EXIT_CODE
 
 ExcInfo = Tuple[Any, Any, Any]
 

@@ -33,8 +33,9 @@ _HIDDEN = tuple(
     os.path.join(_HARNESS, name)
     for name in (
         "launch" + os.sep, "outcome" + os.sep, "process" + os.sep, "threads" + os.sep,
-        "runner" + os.sep, "compat" + os.sep, "testcase.py", "comparison.py", "subtests.py",
-        "parametrize.py", "pytest_plugin" + os.sep,
+        "runner" + os.sep, "compat" + os.sep, "pytest_plugin" + os.sep,
+        *(os.path.join("single_process", name)
+          for name in ("testcase.py", "comparison.py", "subtests.py", "parametrize.py")),
     )
 ) + (os.path.dirname(unittest.__file__) + os.sep,) + tuple(
     # pytest's own frames (`pytest.fail` in a rank), which pytest hides in its reports too

@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from harness import devices
+from harness import settings
+from harness.compat import unittest_internals
 from harness.launch.case import SUPERVISOR_RANK, RankedTestCase, assign
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher, RankSetup
@@ -29,8 +30,8 @@ from harness.outcome.report import FAILED, PASSED, Outcome
 from harness.process import forkserver
 from harness.process.launchers import FreshProcesses, process_launcher
 from harness.process.rank import destroy_default_group
-from harness.skip_codes import TEST_SKIPS
-from harness.world_size import BaseWorldSize, world_size_of
+from harness.requirements.skip_codes import TEST_SKIPS
+from harness.requirements.world_size import BaseWorldSize, world_size_of
 
 # unittest hides frames of modules that define this: a verdict's report starts at the ranks.
 __unittest = True
@@ -51,7 +52,7 @@ class MultiProcessTestCase(RankedTestCase):
 
     MAIN_PROCESS_RANK = MAIN_PROCESS_RANK
     TEST_ERROR_EXIT_CODE = TEST_ERROR_EXIT_CODE
-    # Upstream's 4; under torchrun, the processes it launched (harness/world_size.py).
+    # Upstream's 4; under torchrun, the processes it launched (harness/requirements/world_size.py).
     world_size: int = BaseWorldSize(launched=True)  # type: ignore[assignment]
     grid_sync_timeout: float = 30.0  # seconds a rank waits for the others after a grid point
     _init_method: Optional[str] = None  # set only by a suite that assigns `init_method`
@@ -153,7 +154,7 @@ class MultiProcessTestCase(RankedTestCase):
     def _original_test_method(self) -> Any:
         """The bound test method before the harness routed it (upstream's `fn`, which suites
         list in `skip_return_code_checks` as `self.test_x.__wrapped__`)."""
-        routed = getattr(self, self._testMethodName)
+        routed = getattr(self, unittest_internals.method_name(self))
         return getattr(routed, "__wrapped__", routed)
 
     def _check_return_codes(self, fn: Any, elapsed_time: float) -> None:
@@ -248,7 +249,7 @@ class DistributedTestBase(MultiProcessTestCase):
 
     def backend(self, device: str) -> str:
         """The collective backend for a device string: nccl, hccl, xccl, else gloo."""
-        return devices.backend_for(device)
+        return settings.backend_for(device)
 
     def create_pg(self, device: str, world_size: Optional[int] = None) -> dist.ProcessGroup:
         """Initialise the default group for `device` through this test's rendezvous; return it.
@@ -263,8 +264,8 @@ class DistributedTestBase(MultiProcessTestCase):
             world_size=self.world_size if world_size is None else world_size,
             rank=self.rank,
         )
-        if backend in devices.ACCELERATOR_BACKENDS:
-            rank_device = devices.rank_device(self.rank)
+        if backend in settings.ACCELERATOR_BACKENDS:
+            rank_device = settings.rank_device(self.rank)
             if rank_device.index is None:
                 raise RuntimeError(
                     f"create_pg({device!r}): the {backend} backend needs an accelerator and "

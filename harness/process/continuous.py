@@ -10,7 +10,7 @@ there is no poison pill: a failing test fails alone, and a rank that crashes, ex
 fails only that test, the class's next test running on new ranks. Where a rank has no
 class-wide group (torchrun launched this process, which is then the rank), each test creates
 and destroys its own. As upstream, the class's ``timeout`` (a ``timedelta``, 120 s by default) is
-its process group's timeout; a test's time limit is every base's (harness/devices.py
+its process group's timeout; a test's time limit is every base's (harness/settings.py
 `test_timeout`: TIMEOUT_OVERRIDE, DISTRIBUTED_TESTS_DEFAULT_TIMEOUT, HARNESS_TIMEOUT, 300 s).
 """
 
@@ -24,14 +24,14 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
-from harness import devices
+from harness import settings
 from harness.compat import distributed
 from harness.compat import local_tensor as compat_local_tensor
 from harness.launch.launcher import Launcher
 from harness.process import shared as shared_ranks
 from harness.process.case import MultiProcessTestCase
 from harness.process.launchers import SharedProcesses, process_launcher
-from harness.world_size import BaseWorldSize
+from harness.requirements.world_size import BaseWorldSize
 
 
 def class_device_type(cls: type) -> str:
@@ -95,7 +95,7 @@ class MultiProcContinuousTest(MultiProcessTestCase):
     @classmethod
     def device_type(cls) -> str:
         """The device type the class tests: the accelerator's, else ``cpu``."""
-        return devices.device_type()
+        return settings.device_type()
 
     @classmethod
     def opts(cls, high_priority_stream: bool = False) -> Any:

@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, NoR
 
 import torch
 
-from harness import devices
+from harness import settings
 from harness.compat.comparison import assert_close_imports_dtensor
 from harness.process import assert_rewrite, mp_forkserver
 
@@ -76,7 +76,7 @@ LOG_TAIL_CHARS = 4000  # of the forkserver's log, in the error of a test it coul
 # harness/compat/comparison.py; test code that uses DTensor brings it with its own imports.
 # Missing modules are skipped.
 _preload: List[str] = [
-    "torch", "torch.distributed", "numpy", "numpy.random", "harness.testcase",
+    "torch", "torch.distributed", "numpy", "numpy.random", "harness.single_process.testcase",
     "harness.process.rank",
 ]
 _test_modules: List[str] = []  # the test code, imported last (by harness.process.forkserver_main)
@@ -115,7 +115,7 @@ def context(test_module: str) -> Any:
     check_not_bootstrapping()
     if _missing_guards:  # under pytest, caught by the module's own import-time unittest run
         exit_for_missing_guard(test_module)  # the run ends: no server started for nothing
-    if devices.start_method() != "forkserver":
+    if settings.start_method() != "forkserver":
         return multiprocessing.get_context("spawn")
     preload(test_module)
     mp_forkserver.set_preload([*_server_preload(), "harness.process.forkserver_main"])
@@ -126,7 +126,7 @@ def context(test_module: str) -> Any:
 def warm_up(test_module: str) -> None:
     """Start the forkserver for `test_module` and wait until it has preloaded and can fork
     ranks (a runner does this before a test's own time starts); at once if it runs."""
-    if devices.start_method() == "forkserver" and "forkserver" not in helper_pids():
+    if settings.start_method() == "forkserver" and "forkserver" not in helper_pids():
         probe = context(test_module).Process(target=os.getpid, name="harness-forkserver-probe")
         try:
             probe.start()
@@ -190,7 +190,7 @@ def start_as_fork(modules: Iterable[str]) -> bool:
     no accelerator runtime built in (one initialised here would fail in every fork).
     """
     if (
-        devices.start_method() != "forkserver" or "forkserver" in helper_pids()
+        settings.start_method() != "forkserver" or "forkserver" in helper_pids()
         or not mp_forkserver.can_fork() or _accelerator_built()
     ):
         return False

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
 
-from harness import devices
+from harness import settings
 from harness.launch.job import Job
 from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import RankRecord
@@ -25,7 +25,7 @@ from harness.process.supervisor import RankGroup
 def _check_importable(job: Job) -> None:
     """Ranks re-create the test by importing its class: a local class is a config error."""
     if not job.importable:
-        raise devices.HarnessConfigError(
+        raise settings.HarnessConfigError(
             f"{job.qualname} is defined inside a function: ranks re-create the "
             "test by importing its class, so define it at module level"
         )

@@ -35,7 +35,6 @@ import torch.distributed as dist
 
 from harness.compat import cpu_defaults as compat_cpu_defaults
 from harness.compat import flight_recorder as compat_flight_recorder
-from harness.devices import DEBUG_RANK_ENV
 from harness.launch.context import RankContext
 from harness.launch.hooks import SharedRankHooks
 from harness.launch.job import Job
@@ -46,7 +45,8 @@ from harness.outcome.rank_record import (
     skip_exit_reason,
 )
 from harness.process import assert_rewrite, leaks
-from harness.testcase import current_seed
+from harness.settings import DEBUG_RANK_ENV
+from harness.single_process.testcase import current_seed
 
 STACK_SIGNAL = signal.SIGUSR1  # the parent sends it to get a rank's Python stack
 COLLECTIVES_SIGNAL = signal.SIGUSR2  # ... and this one for the collectives it entered
@@ -75,7 +75,7 @@ def launcher_environment(rank: int, world_size: int, master_port: int) -> Dict[s
     that reads them finds in a rank the world it has under torchrun: DeepSpeed's
     `init_distributed()`, ignite, accelerate, Lightning, a bare `dist.init_process_group(
     "gloo")` (env://, on MASTER_PORT). Not torchrun's own TORCHELASTIC_* variables: a process
-    started inside a rank is not taken for a launched rank (harness.devices.torchrun_env)."""
+    started inside a rank is not taken for a launched rank (harness.settings.torchrun_env)."""
     env = {"RANK": rank, "LOCAL_RANK": rank, "GROUP_RANK": 0, "ROLE_RANK": rank,
            "WORLD_SIZE": world_size, "LOCAL_WORLD_SIZE": world_size,
            "ROLE_WORLD_SIZE": world_size, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master_port}

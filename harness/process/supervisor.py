@@ -25,7 +25,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Dict, List, Set
 
-from harness import devices, network
+from harness import settings
 from harness.launch.fail_fast import FailFast
 from harness.launch.job import Job
 from harness.outcome import collective_trace, stacks
@@ -41,6 +41,7 @@ from harness.process.rank import (
 )
 from harness.process.rank import main as rank_main
 from harness.process.rank import serve as rank_serve
+from harness.upstream import network
 
 STACK_DUMP_WAIT_S = 1.0  # how long a rank gets to write its stack before it is killed
 COLLECTIVES_DUMP_WAIT_S = 1.0  # ... and the collectives it entered
@@ -112,7 +113,7 @@ class RankGroup:
                 process.start()
             except (EOFError, OSError) as error:
                 self._exit_if_missing_guard(forkserver.stopped_for_missing_guard())
-                if devices.start_method() != "forkserver":
+                if settings.start_method() != "forkserver":
                     raise  # a spawned rank's start: no forkserver, no log of one
                 raise forkserver.forkserver_error(error) from error
             finally:
@@ -139,7 +140,7 @@ class RankGroup:
             work_dir=self.work_dir,
             output_path=self.output_path(rank),
             temp_dir=self.temp_dir,
-            threads=devices.intra_op_threads(world_size),
+            threads=settings.intra_op_threads(world_size),
             env={**os.environ, **assert_rewrite.settings()},
             master_port=self.master_port,
         )
@@ -191,7 +192,7 @@ class RankGroup:
         """Collect reports until every rank exited; True if the timeout stopped them."""
         deadline = time.monotonic() + timeout
         fail_fast = FailFast()
-        stream = devices.show_output()
+        stream = settings.show_output()
         while self._running() or any(rank not in self._alive for rank in self._readers):
             stop_at = min(deadline, fail_fast.stop_at(self.records))
             now = time.monotonic()

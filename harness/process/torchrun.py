@@ -43,7 +43,7 @@ from datetime import timedelta
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import parse_qs, urlparse
 
-from harness import devices
+from harness import settings
 from harness.launch.fail_fast import FailFast
 from harness.launch.in_process import run_rank_here
 from harness.launch.job import Job
@@ -139,10 +139,10 @@ _this_run: Optional[TorchrunRun] = None
 
 def this_run() -> Optional[TorchrunRun]:
     """This process's TorchrunRun when torchrun (or, with HARNESS_LAUNCHED=1, another
-    launcher) started it as one rank, else None (the rule: harness/devices.py
+    launcher) started it as one rank, else None (the rule: harness/settings.py
     `torchrun_env`)."""
     global _this_run
-    found = devices.torchrun_env()
+    found = settings.torchrun_env()
     if found is None:
         return None
     if _this_run is None or (_this_run.rank, _this_run.world_size) != found:

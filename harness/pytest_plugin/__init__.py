@@ -33,7 +33,7 @@ from typing import Any, Generator, Optional, Tuple
 
 import pytest
 
-from harness import devices, skips
+from harness import settings
 from harness.compat import pytest_internals
 from harness.launch.case import RankedTestCase
 from harness.outcome.replay import rank_report
@@ -43,6 +43,7 @@ from harness.process.case import MultiProcessTestCase
 from harness.pytest_plugin import deepspeed, fixtures, functions, leases, pool, stash
 from harness.pytest_plugin import report as report_layout
 from harness.pytest_plugin.run import RanksFailed
+from harness.requirements import decorators
 
 MARKERS = (
     "ranks(N | [N, ...], *, mode='fresh'|'shared'|'threads', device='auto'|'cpu'|'cuda', "
@@ -75,17 +76,17 @@ def pytest_configure(config: pytest.Config) -> None:
     if rank is not None:
         if rank < 0:
             raise pytest.UsageError(f"--debug-rank {rank}: a rank is a number from 0")
-        os.environ[devices.DEBUG_RANK_ENV] = str(rank)
-    if config.getoption("capture", None) == "no" and devices.SHOW_OUTPUT_ENV not in os.environ:
+        os.environ[settings.DEBUG_RANK_ENV] = str(rank)
+    if config.getoption("capture", None) == "no" and settings.SHOW_OUTPUT_ENV not in os.environ:
         # `-s`: the ranks' output reaches the terminal as it is printed, as a test's own does
-        os.environ[devices.SHOW_OUTPUT_ENV] = "1"
-        config.add_cleanup(lambda: os.environ.pop(devices.SHOW_OUTPUT_ENV, None))
+        os.environ[settings.SHOW_OUTPUT_ENV] = "1"
+        config.add_cleanup(lambda: os.environ.pop(settings.SHOW_OUTPUT_ENV, None))
 
 
 def _accelerators() -> int:
     try:
-        return devices.accelerator_count()
-    except devices.HarnessConfigError:
+        return settings.accelerator_count()
+    except settings.HarnessConfigError:
         return 0  # the tests report it
 
 
@@ -127,10 +128,10 @@ def pytest_runtestloop(session: pytest.Session) -> Any:
 def _fork_forkserver(session: pytest.Session) -> None:
     items = [item for item in session.items if _starts_rank_processes(item)]
     try:
-        if not items or devices.start_method() != "forkserver" or devices.torchrun_env():
+        if not items or settings.start_method() != "forkserver" or settings.torchrun_env():
             return
         forkserver.start_as_fork({item.module.__name__ for item in items})  # type: ignore[attr-defined]
-    except devices.HarnessConfigError:
+    except settings.HarnessConfigError:
         return  # the tests report it
     except OSError:
         return  # (no socket, no fork here): started as an interpreter when first needed
@@ -153,9 +154,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) 
     its start-up, seconds once per run, is not the test's."""
     if _starts_rank_processes(item):
         try:
-            if devices.start_method() == "forkserver" and devices.torchrun_env() is None:
+            if settings.start_method() == "forkserver" and settings.torchrun_env() is None:
                 forkserver.warm_up(item.module.__name__)  # type: ignore[attr-defined]
-        except devices.HarnessConfigError:
+        except settings.HarnessConfigError:
             pass  # the test itself reports it
         except (EOFError, OSError):
             pass  # a forkserver that died starting: the test starts one and fails with its log
@@ -175,8 +176,8 @@ def _starts_rank_processes(item: pytest.Item) -> bool:
     if not (isinstance(cls, type) and issubclass(cls, MultiProcessTestCase)):
         return False
     try:
-        return not skips.skips_before_it_starts(cls, getattr(cls, item.name, None))
-    except devices.HarnessConfigError:
+        return not decorators.skips_before_it_starts(cls, getattr(cls, item.name, None))
+    except settings.HarnessConfigError:
         return False  # the test itself reports it
 
 

@@ -22,7 +22,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import pytest
 
-from harness.pytest_marks import marks_on
+from harness.single_process.pytest_marks import marks_on
 
 # Fixtures every rank builds for itself: its identity, and pytest's own fixtures that act
 # inside the rank (patches, captures, log records and warnings of the rank's code).

@@ -21,7 +21,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import pytest
 
-from harness import devices
+from harness import settings
 from harness.compat import pytest_internals
 from harness.launch.case import RankedTestCase
 from harness.outcome.report import SKIPPED
@@ -70,7 +70,7 @@ def requested_ranks(node: Any, cls: Optional[type]) -> Optional[Ranks]:
 
 def place(ranks: Ranks, world_size: int) -> Placement:
     """Where `world_size` ranks of `ranks` run on this machine."""
-    return placement(ranks, world_size, devices.accelerator_count(), devices.allow_cpu())
+    return placement(ranks, world_size, settings.accelerator_count(), settings.allow_cpu())
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -123,7 +123,7 @@ def _classify(item: pytest.Function) -> None:
     item.stash[RANKS] = ranks
     try:
         skips = [place(ranks, size).skip for size in ranks.sizes]
-    except devices.HarnessConfigError as error:
+    except settings.HarnessConfigError as error:
         item.stash[stash.PROBLEM] = str(error)
         return
     reason = next((skip for skip in skips if skip), None)
@@ -220,7 +220,7 @@ def build_call(item: pytest.Function, ranks: Ranks) -> FunctionCall:
         if ranks.mode != "threads":
             check_sendable(name, value)
         values[name] = value
-    timeout = ranks.timeout or devices.default_timeout()
+    timeout = ranks.timeout or settings.default_timeout()
     return FunctionCall(
         test_id=item.nodeid, module=module, qualname=qualname, module_path=path,
         argnames=argnames, used_fixtures=used,
@@ -272,7 +272,7 @@ def run_placed(
     where = place(ranks, world_size)
     if where.skip is not None:
         pytest.skip(where.skip)
-    with leases.lease(where.device_type, world_size, devices.accelerator_count()) as held:
+    with leases.lease(where.device_type, world_size, settings.accelerator_count()) as held:
         placed = dataclasses.replace(
             call, device_type=where.device_type, devices=held, backend=where.backend
         )

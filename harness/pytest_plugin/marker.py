@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
+from harness import settings
 from harness.process.leaks import CHECKS as LEAK_CHECKS
 from harness.process.leaks import OPT_IN_CHECKS as OPT_IN_LEAK_CHECKS
+from harness.requirements.decorators import cpu_stands_in_for
 
 MODES = ("fresh", "shared", "threads")
 DEVICES = ("auto", "cpu", "cuda")
@@ -83,11 +85,11 @@ def check(ranks: Ranks, what: str = "@pytest.mark.ranks") -> None:
         )
     if ranks.backend is not None and not isinstance(ranks.backend, str):
         raise MarkerError(f"{what}: backend must be a name such as 'gloo', got {ranks.backend!r}")
-    timeout = ranks.timeout
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
-    ):
-        raise MarkerError(f"{what}: timeout must be a positive number of seconds, got {timeout!r}")
+    if ranks.timeout is not None:
+        try:
+            settings.positive_seconds(ranks.timeout, "timeout")
+        except settings.HarnessConfigError as error:
+            raise MarkerError(f"{what}: {error}") from None
     for name in ("allow_cpu", "init"):
         if not isinstance(getattr(ranks, name), bool):
             raise MarkerError(f"{what}: {name} must be True or False")
@@ -123,15 +125,20 @@ def placement(
     `accelerator` usable here (0 when HARNESS_DEVICE=cpu forces CPU).
 
     auto: one accelerator per rank where enough exist, else the CPU. cuda: the accelerator,
-    else a skip naming what is missing, unless allow_cpu (or HARNESS_ALLOW_CPU=1) lets the CPU
-    stand in. cpu: the CPU. Threads always run on the CPU with the threaded backend's group
-    (the backend named is then what the ranks' tensors would use elsewhere).
+    else a skip naming what is missing, unless the CPU stands in: the requirement decorators'
+    rule (harness/requirements/decorators.py `cpu_stands_in_for`), on a machine without any
+    accelerator when allow_cpu (or HARNESS_ALLOW_CPU=1) allows it. cpu: the CPU. Threads
+    always run on the CPU with the threaded backend's group (the backend named is then what
+    the ranks' tensors would use elsewhere).
     """
     wanted = ranks.device
-    if wanted == "cuda" and accelerators < world_size and not (ranks.allow_cpu or allow_cpu_env):
+    if wanted == "cuda" and accelerators < world_size and not cpu_stands_in_for(
+        accelerators, ranks.allow_cpu or allow_cpu_env
+    ):
+        hint = " (allow_cpu=True or HARNESS_ALLOW_CPU=1 runs it on CPU with gloo)"
         return Placement(skip=(
-            f"needs {world_size} CUDA device(s), {accelerators} available here "
-            "(allow_cpu=True or HARNESS_ALLOW_CPU=1 runs it on CPU with gloo)"
+            f"needs {world_size} CUDA device(s), {accelerators} available here"
+            + (hint if accelerators == 0 else "")
         ))
     on_accelerator = wanted != "cpu" and ranks.mode != "threads" and accelerators >= world_size
     device_type = accelerator if on_accelerator else "cpu"

@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import pytest
 
-from harness import devices
+from harness import settings
 from harness.pytest_plugin import stash
 from harness.pytest_plugin.call import FunctionCall, import_module, result_path
 from harness.pytest_plugin.functions import GROUP_TIMEOUT_MARGIN_S, run_placed
@@ -300,7 +300,7 @@ class RankPool:
                 test_id=item.nodeid if item is not None else f"{target.module}::{target.qualname}",
                 module=__name__, qualname=_in_rank.__name__, module_path=__file__,
                 argnames=(), values=dict(kwargs), init=ranks.init,
-                group_timeout=(ranks.timeout or devices.default_timeout())
+                group_timeout=(ranks.timeout or settings.default_timeout())
                 + GROUP_TIMEOUT_MARGIN_S,
                 skip_leak_checks=ranks.skip_leak_checks,
                 pool_args=(shape, target, items, *args), result_dir=result_dir,

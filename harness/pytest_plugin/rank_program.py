@@ -32,8 +32,8 @@ from harness.process.continuous import meet_before_test, still_usable_after_test
 from harness.process.rank import destroy_default_group
 from harness.pytest_plugin.call import FunctionCall
 from harness.pytest_plugin.in_rank import RANKS_SCOPE, call_in_rank, rank_device
-from harness.skip_codes import SKIP_BY_EXIT_CODE
-from harness.testcase import current_seed, seed_everything
+from harness.requirements.skip_codes import SKIP_BY_EXIT_CODE
+from harness.single_process.testcase import current_seed, seed_everything
 from harness.threads import backend as threaded_pg
 
 # unittest and pytest hide frames of modules that define these: a failure points at the

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Hashable, List, Optional, Tuple
 
-from harness import devices
+from harness import settings
 from harness.launch.case import timeout_before
 from harness.launch.job import Job
 from harness.launch.launcher import Launcher
@@ -117,9 +117,9 @@ def _launcher(mode: str) -> Launcher:
 def _test_timeout(declared: Optional[float], deadline: Optional[float]) -> float:
     """The test's limit: the marker's, else the harness's default; a week under
     `--debug-rank`; early enough before a runner's `deadline` for the harness's report."""
-    if devices.debug_rank() is not None:
-        return devices.DEBUG_TIMEOUT_S
-    timeout = float(declared) if declared is not None else devices.default_timeout()
+    if settings.debug_rank() is not None:
+        return settings.DEBUG_TIMEOUT_S
+    timeout = float(declared) if declared is not None else settings.default_timeout()
     if deadline is not None:
         timeout = min(timeout, timeout_before(deadline - time.monotonic()))
     return timeout

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any, Callable, Optional, Sequence, TextIO
 
-from harness import devices
+from harness import settings
 from harness.compat import cpu_defaults as compat_cpu_defaults
 from harness.process import torchrun
 from harness.runner import lifecycle
@@ -32,7 +32,7 @@ from harness.runner.order import ORDERS, OrderError, chosen_order, reorder
 from harness.runner.order import describe as describe_order
 from harness.runner.parallel import parse_jobs
 from harness.runner.progress import progress_interval
-from harness.testcase import SEED_ENV, current_seed
+from harness.single_process.testcase import SEED_ENV, current_seed
 
 DEFAULT_XML_DIR = "test-reports"
 
@@ -120,7 +120,7 @@ def run_all_parser(prog: str = RUN_ALL_PROG) -> argparse.ArgumentParser:
         "--world-size", type=_positive(int, "--world-size"), help="sets HARNESS_WORLD_SIZE"
     )
     parser.add_argument(
-        "--device", choices=devices.DEVICE_CHOICES, help="sets HARNESS_DEVICE"
+        "--device", choices=settings.DEVICE_CHOICES, help="sets HARNESS_DEVICE"
     )
     parser.add_argument(
         "--allow-cpu", action="store_true",
@@ -159,13 +159,13 @@ def _apply_env(args: argparse.Namespace) -> None:
     imported) and check every knob now, so a bad one is a usage error rather than 40 failing
     tests."""
     if args.world_size is not None:
-        os.environ[devices.WORLD_SIZE_ENV] = str(args.world_size)
+        os.environ[settings.WORLD_SIZE_ENV] = str(args.world_size)
     if args.device is not None:
-        os.environ[devices.DEVICE_ENV] = args.device
+        os.environ[settings.DEVICE_ENV] = args.device
     if args.timeout is not None:
-        os.environ[devices.TIMEOUT_ENV] = repr(args.timeout)
+        os.environ[settings.TIMEOUT_ENV] = repr(args.timeout)
     if args.allow_cpu:
-        os.environ[devices.ALLOW_CPU_ENV] = "1"
+        os.environ[settings.ALLOW_CPU_ENV] = "1"
     if args.seed is not None:
         os.environ[SEED_ENV] = str(args.seed)
     try:
@@ -173,18 +173,18 @@ def _apply_env(args: argparse.Namespace) -> None:
     except OrderError as error:
         raise UsageError(str(error)) from None
     if args.debug_rank is not None:
-        os.environ[devices.DEBUG_RANK_ENV] = str(args.debug_rank)
+        os.environ[settings.DEBUG_RANK_ENV] = str(args.debug_rank)
     try:
-        devices.accelerator_count()
-        devices.allow_cpu()
-        devices.default_world_size()
-        devices.default_timeout()
-        devices.debug_rank()
-        devices.start_method()
-        devices.torchrun_env()
+        settings.accelerator_count()
+        settings.allow_cpu()
+        settings.default_world_size()
+        settings.default_timeout()
+        settings.debug_rank()
+        settings.start_method()
+        settings.torchrun_env()
         progress_interval()
         current_seed()
-    except (devices.HarnessConfigError, ValueError) as error:
+    except (settings.HarnessConfigError, ValueError) as error:
         raise UsageError(str(error)) from None
 
 

@@ -15,7 +15,7 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
-from harness import devices
+from harness import settings
 from harness.compat import cpu_defaults as compat_cpu_defaults
 from harness.outcome.report import TestReport
 from harness.process import forkserver, torchrun
@@ -121,7 +121,7 @@ class Engine:
         it now, as a fork of this process where that is safe. Not under torchrun (no rank is
         forked) nor with spawn. Suites that failed to import are left out: multiprocessing's
         forkserver survives only an ImportError from a preloaded module."""
-        if self.torchrun is None and devices.start_method() == "forkserver":
+        if self.torchrun is None and settings.start_method() == "forkserver":
             suites = [module for module, _ in self.plan if module in sys.modules]
             forkserver.preload(*suites)
             if serial:
@@ -170,7 +170,7 @@ class Engine:
             self.progress.close()
         with lifecycle.deferred_signals():
             if not self.aborted and self.torchrun is not None:
-                self.torchrun.finish(devices.default_timeout())
+                self.torchrun.finish(settings.default_timeout())
             if self.reporting:
                 self.report()
         if self.interrupted_by is not None:

@@ -1,6 +1,7 @@
 """JUnit XML in unittest-xml-reporting's (xmlrunner's) format, one testcase per TestReport.
 
-The result class here is xmlrunner's, for its text output and its XML writer, but the
+The result class here is xmlrunner's (through harness/compat/xmlrunner_internals.py, the one
+module that touches its private API), for its text output and its XML writer, but the
 testcases it writes come from TestReports (harness/outcome/report.py), never from
 xmlrunner's per-event lists: a test with three failing grid points is one testcase with one
 failure listing them, a multi-rank test is the report its ranks' merge built. Reports
@@ -23,6 +24,7 @@ import sys
 import unittest
 from typing import Any, Dict, List, Optional, Tuple
 
+from harness.compat import unittest_internals
 from harness.outcome.fold import OneReportPerTest
 from harness.outcome.report import ERROR, FAILED, PASSED, SKIPPED, TestReport
 
@@ -40,7 +42,7 @@ def source_of(test: Any) -> Tuple[Optional[str], Optional[int], Optional[str]]:
         except TypeError:  # a built-in module
             return None, None, None
     try:
-        method = getattr(test, test._testMethodName)
+        method = getattr(test, unittest_internals.method_name(test))
         filename = inspect.getsourcefile(type(test))
         method = getattr(method, "func", method)
         _, lineno = inspect.getsourcelines(method)
@@ -53,13 +55,13 @@ def junit_result_class() -> type:
     """xmlrunner's result, writing one testcase per TestReport."""
     from xml.dom.minidom import Document
 
-    from xmlrunner.result import _TestInfo, _XMLTestResult, testcase_name
+    from harness.compat.xmlrunner_internals import TestInfo, XMLTestResult, testcase_name
 
-    class ReportInfo(_TestInfo):
+    class ReportInfo(TestInfo):
         """What xmlrunner's writer reads of a testcase, taken from a TestReport."""
 
-        OUTCOMES = {PASSED: _TestInfo.SUCCESS, FAILED: _TestInfo.FAILURE,
-                    ERROR: _TestInfo.ERROR, SKIPPED: _TestInfo.SKIP}
+        OUTCOMES = {PASSED: TestInfo.SUCCESS, FAILED: TestInfo.FAILURE,
+                    ERROR: TestInfo.ERROR, SKIPPED: TestInfo.SKIP}
 
         def __init__(self, test: Any, report: TestReport, stdout: str, stderr: str) -> None:
             self.report = report
@@ -74,7 +76,7 @@ def junit_result_class() -> type:
             self.test_id = self.test_description = report.test_id
             self.filename, self.lineno, self.doc = source_of(test)
 
-    class JUnitResult(OneReportPerTest, _XMLTestResult):
+    class JUnitResult(OneReportPerTest, XMLTestResult):
         output_dir: Optional[str] = None  # set: each finished test's class file is written
         encoding = "UTF-8"
         _running: Any = None  # the test running in this result (its output is captured)
@@ -94,9 +96,7 @@ def junit_result_class() -> type:
             super().report_done(test, report)
             if not isinstance(test, unittest.TestCase):
                 test = stand_in_for(report)
-            in_this_run = test is self._running
-            stdout = (self._stdout_data or "") if in_this_run else ""
-            stderr = (self._stderr_data or "") if in_this_run else ""
+            stdout, stderr = self.captured_output() if test is self._running else ("", "")
             info = ReportInfo(test, report, stdout, stderr)
             self.reports.append(info)
             self._by_file.setdefault(info.test_name, []).append(info)
@@ -124,7 +124,7 @@ def junit_result_class() -> type:
             infos = self._by_file.get(suite, [])
             return sorted(infos, key=lambda info: OUTCOME_ORDER.index(info.report.status))
 
-        def _get_info_by_testcase(self) -> Dict[str, List[ReportInfo]]:
+        def testcases_by_file(self) -> Dict[str, List[ReportInfo]]:
             """The testcases of each file (what xmlrunner writes), from the reports."""
             return {suite: self._testcases(suite) for suite in self._by_file}
 
@@ -132,7 +132,7 @@ def junit_result_class() -> type:
             """Write TEST-<suite>.xml atomically, as xmlrunner writes it; its path."""
             doc = Document()
             tests = self._testcases(suite)
-            self._report_testsuite(suite, tests, doc, doc, self.properties)
+            self.write_testsuite(doc, suite, tests)
             os.makedirs(output_dir, exist_ok=True)
             path = os.path.join(output_dir, f"TEST-{suite}.xml")
             partial = os.path.join(output_dir, f".TEST-{suite}.xml.partial")
@@ -145,7 +145,7 @@ def junit_result_class() -> type:
             """xmlrunner's reports, each file written atomically (see `_write_suite`)."""
             if not isinstance(test_runner.output, str) or test_runner.outsuffix:
                 return super().generate_reports(test_runner)
-            for suite in self._get_info_by_testcase():
+            for suite in self.testcases_by_file():
                 path = self._write_suite(test_runner.output, suite, test_runner.encoding)
                 if self.showAll:
                     self.stream.writeln(f"Generated XML report: {path}")
@@ -156,11 +156,10 @@ def junit_result_class() -> type:
 def xml_runner(output: str, resultclass: Optional[type] = None, **kwargs: Any) -> Any:
     """An XMLTestRunner writing TEST-<module>.<Class>.xml files into `output`, with
     `resultclass` (junit_result_class() or a subclass of it)."""
-    import xmlrunner
+    from harness.compat.xmlrunner_internals import XMLTestRunner
 
-    class Runner(xmlrunner.XMLTestRunner):
-        def _make_result(self) -> Any:
-            result = super()._make_result()
+    class Runner(XMLTestRunner):
+        def prepare_result(self, result: Any) -> Any:
             if isinstance(self.output, str) and hasattr(result, "write_each_test_to"):
                 result.write_each_test_to(self.output, self.encoding)
             return result

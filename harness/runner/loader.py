@@ -20,10 +20,11 @@ import unittest
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Sequence, TextIO, Tuple
 
+from harness.compat import unittest_internals
 from harness.outcome.fold import hand_report, last_line
 from harness.outcome.replay import replaying
 from harness.outcome.report import ERROR, Outcome, TestReport
-from harness.pytest_marks import honour_pytest_marks
+from harness.single_process.pytest_marks import honour_pytest_marks
 
 SUITES_PACKAGE = "test_cases"
 
@@ -239,7 +240,7 @@ class SuiteLoader(unittest.TestLoader):
 
 def load_module(module: str) -> List[unittest.TestCase]:
     """The module's tests in run order, by SuiteLoader's import rules, with their pytest marks
-    honoured (harness/pytest_marks.py)."""
+    honoured (harness/single_process/pytest_marks.py)."""
     return honour_pytest_marks(flatten(SuiteLoader().loadTestsFromModuleName(module)))
 
 
@@ -293,6 +294,7 @@ def repeat(plan: Plan, times: int) -> Plan:
     if times == 1:
         return plan
     return [
-        (module, tests + [type(t)(t._testMethodName) for _ in range(times - 1) for t in tests])
+        (module, tests + [type(t)(unittest_internals.method_name(t))
+                          for _ in range(times - 1) for t in tests])
         for module, tests in plan
     ]

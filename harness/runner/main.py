@@ -19,10 +19,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import expecttest
 
-from harness import devices
+from harness import settings
 from harness.compat import cpu_defaults as compat_cpu_defaults
 from harness.process import forkserver
-from harness.pytest_marks import honour_pytest_marks
 from harness.runner import lifecycle, upstream_flags
 from harness.runner.cli import print_list, run_tests_parser
 from harness.runner.engine import Engine, Options, closing_line
@@ -31,7 +30,8 @@ from harness.runner.loader import UsageError, flatten, repeat
 from harness.runner.order import OrderError, chosen_order, reorder
 from harness.runner.order import describe as describe_order
 from harness.runner.results import Tally
-from harness.testcase import SEED_ENV, current_seed
+from harness.single_process.pytest_marks import honour_pytest_marks
+from harness.single_process.testcase import SEED_ENV, current_seed
 
 HARNESS_FLAGS_HELP = """
 Harness options (besides unittest's):
@@ -93,7 +93,7 @@ class _Program(unittest.TestProgram):
             sys.exit(0)
         if opts.repeat > 1:
             self.test = unittest.TestSuite(repeat([("", tests)], opts.repeat)[0][1])
-        if devices.torchrun_env() is not None or opts.jobs > 1:
+        if settings.torchrun_env() is not None or opts.jobs > 1:
             # torchrun: the ranks run the plan in step; -j: side by side (with run_all.py's
             # summary); both through the engine
             options = Options(xml_dir=opts.save_xml, failfast=bool(self.failfast),
@@ -104,15 +104,15 @@ class _Program(unittest.TestProgram):
                 modules.setdefault(type(test).__module__, []).append(test)
             self.code = Engine(list(modules.items()), options).run()
             return
-        settings = dict(verbosity=self.verbosity, failfast=self.failfast, buffer=self.buffer,
-                        warnings=self.warnings, tb_locals=self.tb_locals)
+        runner_args = dict(verbosity=self.verbosity, failfast=self.failfast, buffer=self.buffer,
+                           warnings=self.warnings, tb_locals=self.tb_locals)
         if opts.save_xml is not None:
             self.testRunner = xml_runner(
-                opts.save_xml, resultclass=_tallied(junit_result_class()), **settings
+                opts.save_xml, resultclass=_tallied(junit_result_class()), **runner_args
             )
         else:
             self.testRunner = unittest.TextTestRunner(
-                resultclass=_tallied(unittest.TextTestResult), **settings  # type: ignore[arg-type]
+                resultclass=_tallied(unittest.TextTestResult), **runner_args  # type: ignore[arg-type]
             )
         forkserver.start_as_fork({type(test).__module__ for test in tests})
         tests = _UntilInterrupted(self.test)
@@ -183,9 +183,9 @@ def run_tests(argv: Optional[Sequence[str]] = None) -> None:
         print(f"{Path(argv[0]).name}: error: {error}", file=sys.stderr)
         sys.exit(2)
     if harness_args.debug_rank is not None:
-        os.environ[devices.DEBUG_RANK_ENV] = str(harness_args.debug_rank)
-    if harness_args.allow_cpu and os.environ.get(devices.ALLOW_CPU_ENV) != "1":
-        os.environ[devices.ALLOW_CPU_ENV] = "1"
+        os.environ[settings.DEBUG_RANK_ENV] = str(harness_args.debug_rank)
+    if harness_args.allow_cpu and settings.env_text(settings.ALLOW_CPU_ENV) != "1":
+        os.environ[settings.ALLOW_CPU_ENV] = "1"
         if argv_given is None:
             _restart_with_switch()
     with lifecycle.run_scope(), compat_cpu_defaults.adaptation_log():

@@ -11,10 +11,11 @@ and derived per class and per file, so `-k` narrowing a run keeps the order of w
 
 from __future__ import annotations
 
-import os
 import random
 import unittest
 from typing import Dict, List, Optional
+
+from harness import settings
 
 ORDER_ENV = "HARNESS_ORDER"
 ORDERS = ("forward", "reverse", "shuffle")
@@ -26,7 +27,7 @@ class OrderError(ValueError):
 
 def chosen_order(given: Optional[str] = None) -> str:
     """`given` (the --order flag), else HARNESS_ORDER, else forward; OrderError if unknown."""
-    name = given if given is not None else os.environ.get(ORDER_ENV, "") or "forward"
+    name = given if given is not None else settings.env_text(ORDER_ENV) or "forward"
     if name not in ORDERS:
         source = "--order" if given is not None else ORDER_ENV
         raise OrderError(f"{source}: {name!r} is not one of {', '.join(ORDERS)}")

@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from harness import devices
+from harness import settings
 from harness.launch.case import RankedTestCase
 from harness.outcome.fold import fold
 from harness.outcome.report import ERROR, Outcome, TestReport
+from harness.requirements.world_size import world_size_of
 from harness.runner.loader import Plan
 from harness.runner.worker import PATH_ENV, PRELOAD_ENV, WORKER_FD_ENV
-from harness.world_size import world_size_of
 
 # Not `-m harness.runner.worker`: the package imports the module before runpy would run it.
 WORKER_COMMAND = "import sys; from harness.runner.worker import main; sys.exit(main())"
@@ -64,7 +64,7 @@ class Unit:
 def parse_jobs(text: str) -> int:
     """`-j`'s value: a positive number of cores, or `auto` (the machine's)."""
     if text == "auto":
-        return devices.machine_cores()
+        return settings.machine_cores()
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"{text!r} is neither a positive integer nor 'auto'")
     return int(text)
@@ -189,7 +189,7 @@ class Hooks:
     recorded: Callable[[Optional[unittest.TestCase], TestReport, Tuple[int, int]], None]
     unit_done: Callable[[str, float], None]
     should_stop: Callable[[], bool]
-    timeout: float = field(default_factory=devices.default_timeout)
+    timeout: float = field(default_factory=settings.default_timeout)
 
 
 class Controller:
@@ -211,9 +211,9 @@ class Controller:
     @staticmethod
     def _device_slots(workers: int, widest: int) -> List[Optional[str]]:
         """Each worker's CUDA_VISIBLE_DEVICES (None on CPU): disjoint, `widest` devices each."""
-        if devices.device_type() == "cpu":
+        if settings.device_type() == "cpu":
             return [None] * workers
-        count = devices.accelerator_count()
+        count = settings.accelerator_count()
         per = max(1, min(widest, count))
         return [",".join(map(str, range(i * per, (i + 1) * per)))
                 for i in range(max(1, min(workers, count // per)))]

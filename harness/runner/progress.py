@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Optional, TextIO
 
-from harness import devices
+from harness import settings
 from harness.outcome.report import TestReport
 from harness.runner.lifecycle import STOP_SIGNALS
 
@@ -22,16 +22,8 @@ DEFAULT_PROGRESS_INTERVAL_S = 30.0
 
 def progress_interval() -> float:
     """Seconds between plain progress lines: HARNESS_PROGRESS_INTERVAL, else 30."""
-    value = os.environ.get(PROGRESS_INTERVAL_ENV, "")
-    try:
-        interval = float(value) if value else DEFAULT_PROGRESS_INTERVAL_S
-    except ValueError:
-        interval = -1.0
-    if interval < 0:
-        raise devices.HarnessConfigError(
-            f"{PROGRESS_INTERVAL_ENV}={value!r} is not a number of seconds >= 0"
-        )
-    return interval
+    interval = settings.env_seconds(PROGRESS_INTERVAL_ENV, zero_ok=True)
+    return DEFAULT_PROGRESS_INTERVAL_S if interval is None else interval
 
 
 def _clock(seconds: float) -> str:

@@ -25,7 +25,8 @@ from typing import Any, Dict, List, TextIO, Tuple
 
 import torch
 
-from harness import devices
+from harness import settings
+from harness.compat import unittest_internals
 from harness.outcome.report import TestReport
 from harness.process import forkserver
 from harness.runner import lifecycle
@@ -73,7 +74,7 @@ class _Tests:
         known = self._by_module.get(module)
         if known is None:
             known = self._by_module[module] = {t.id(): t for t in load_module(module)}
-        return [type(known[i])(known[i]._testMethodName) for i in ids]
+        return [type(known[i])(unittest_internals.method_name(known[i])) for i in ids]
 
 
 def serve(units: TextIO, reporter: _Reporter) -> None:
@@ -83,7 +84,7 @@ def serve(units: TextIO, reporter: _Reporter) -> None:
     for line in units:
         unit = json.loads(line)
         cores = int(unit["cores"])
-        os.environ[devices.CORE_BUDGET_ENV] = str(cores)  # read when its ranks start
+        os.environ[settings.CORE_BUDGET_ENV] = str(cores)  # read when its ranks start
         torch.set_num_threads(cores)  # what tests in this process use
         module, ids = unit["module"], unit["ids"]
         collector.suite = module
@@ -111,7 +112,7 @@ def main() -> int:
     sys.path[:0] = [path for path in paths if path and path not in sys.path]
     with lifecycle.run_scope():
         try:
-            if devices.start_method() == "forkserver":
+            if settings.start_method() == "forkserver":
                 forkserver.preload(*modules)
             serve(sys.stdin, reporter)
         except KeyboardInterrupt as stop:

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from harness import devices
+from harness import settings
 from harness.compat import c10d_world
 from harness.launch import fail_fast
 from harness.launch.context import GridSync, RankContext
@@ -89,7 +89,7 @@ class ThreadRanks(Launcher):
         HARNESS_SHOW_OUTPUT=1. False for other threads: their warnings are shown as usual."""
         current = threading.current_thread()
         rank = next((r for r, thread in enumerate(self.threads) if thread is current), None)
-        if rank is None or devices.show_output():
+        if rank is None or settings.show_output():
             return False
         self.records[rank].output += text
         return True
@@ -160,7 +160,7 @@ class ThreadRanks(Launcher):
             # Thread-local: FSDP's backward hooks must run on the rank's own thread, not on
             # autograd's per-device worker threads.
             torch.autograd.set_multithreading_enabled(False)
-            torch.set_num_threads(devices.intra_op_threads(world.world_size))
+            torch.set_num_threads(settings.intra_op_threads(world.world_size))
             rank_case = job.program()(job.method)
             rank_case.attach_rank(context)
             rank_case.start_rank_thread()

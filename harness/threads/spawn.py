@@ -27,13 +27,13 @@ from typing import Any, Callable, List, Optional, Tuple, Type
 import torch
 import torch.distributed as dist
 
-from harness import devices
+from harness import settings
 from harness.compat import c10d_world
-from harness.skips import TEST_SKIPS
+from harness.requirements.decorators import TEST_SKIPS
 from harness.threads import backend as threaded_pg
 from harness.threads import world as thread_world
 
-DEFAULT_WORLD_SIZE = devices.DEFAULT_WORLD_SIZE  # upstream's for this decorator without GPUs
+DEFAULT_WORLD_SIZE = settings.DEFAULT_WORLD_SIZE  # upstream's for this decorator without GPUs
 STOP_GRACE_S = 2.0  # how long threads get to leave once the run is aborted
 
 ExcInfo = Tuple[Type[BaseException], BaseException, Optional[TracebackType]]
@@ -146,7 +146,7 @@ def spawn_threads_and_init_comms(
 
     @functools.wraps(func)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
-        limit = devices.default_timeout() if timeout is None else timeout
+        limit = settings.default_timeout() if timeout is None else timeout
         run_in_rank_threads(world_size, limit, lambda: func(self, *args, **kwargs))
 
     return wrapper

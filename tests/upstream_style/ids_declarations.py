@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List
 
 import torch
 
-from harness import devices
+from harness import settings
 from tests.fixtures import REPO, child_env
 
 RECORDED: List[Dict[str, Any]] = []
@@ -293,7 +293,8 @@ def upstream_declarations() -> Dict[str, Any]:
     Where this harness uses no GPU (none present, or HARNESS_DEVICE=cpu), upstream is told
     the same through its own PYTORCH_TESTING_DEVICE_EXCEPT_FOR knob.
     """
-    extra = {} if devices.accelerator_count() > 0 else {"PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "cuda"}
+    extra = ({} if settings.accelerator_count() > 0
+             else {"PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "cuda"})
     proc = subprocess.run(
         [sys.executable, "-m", "tests.upstream_style.ids_declarations", "upstream"],
         cwd=REPO, env=child_env(extra), capture_output=True, text=True, timeout=600,

@@ -1,38 +1,35 @@
-"""Skip codes and the skip decorators upstream test files use, decided before any rank starts.
+"""The requirement and skip decorators upstream test files use, decided before any rank starts.
 
-`TEST_SKIPS` keeps the upstream names and exit codes, so a rank that exits with one of
-these codes is reported as a skip with its message, as CI scripts written for
-upstream expect. Accelerator requirements (`skip_if_lt_x_gpu`, `skip_if_no_gpu`,
-`requires_nccl`, `requires_accelerator_dist_backend`, `at_least_x_gpu`) are recorded on
-the test function or class; the bases call `check_case_requirements` in `setUp`, so a
-skipped test costs no process or thread. Whether such a requirement is met here is
-decided by `accelerators_suffice` alone: that is the one place to change what counts
-(HARNESS_ALLOW_CPU=1 makes every requirement met on a machine without accelerators).
+Accelerator requirements (`skip_if_lt_x_gpu`, `skip_if_no_gpu`,
+`requires_accelerator_dist_backend`, `at_least_x_gpu`; `requires_nccl` in platform.py) are
+recorded on the test function or class; the bases call `check_case_requirements` in
+`setUp`, so a skipped test costs no process or thread (a rank that skips anyway exits with
+one of upstream's codes, skip_codes.py). Whether the accelerators are enough, or the CPU may
+stand in for them, is decided by `cpu_stands_in_for` and `accelerators_suffice` alone, for
+these decorators and for the pytest marker's placement (harness/pytest_plugin/marker.py):
+the CPU stands in only on a machine without any accelerator, for a test that allows it
+(`allow_cpu=True`, or HARNESS_ALLOW_CPU=1 for every test); with some accelerators, but too
+few, the test skips.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import unittest
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
-from harness import devices
-from harness.skip_codes import TEST_SKIPS
+from harness import settings
+from harness.compat import unittest_internals
+from harness.requirements.skip_codes import TEST_SKIPS
 
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "0") == "1"
-
-
-TEST_WITH_DEV_DBG_ASAN = _env_flag("PYTORCH_TEST_WITH_DEV_DBG_ASAN")
+TEST_WITH_DEV_DBG_ASAN = settings.upstream_flag("PYTORCH_TEST_WITH_DEV_DBG_ASAN")
 # As upstream: a ROCm build of torch, or PYTORCH_TEST_WITH_ROCM=1.
-TEST_WITH_ROCM = _env_flag("PYTORCH_TEST_WITH_ROCM") or torch.version.hip is not None
+TEST_WITH_ROCM = settings.upstream_flag("PYTORCH_TEST_WITH_ROCM") or torch.version.hip is not None
 # Meta's internal build; outside it only the upstream variable can turn it on.
-IS_FBCODE = _env_flag("PYTORCH_TEST_FBCODE")
+IS_FBCODE = settings.upstream_flag("PYTORCH_TEST_FBCODE")
 TEST_HPU = bool(hasattr(torch, "hpu") and torch.hpu.is_available())
 TEST_XPU = bool(hasattr(torch, "xpu") and torch.xpu.is_available())
 
@@ -49,17 +46,33 @@ def _backend_compiled(backend: str) -> bool:
     return checks.get(backend, lambda: False)()
 
 
+def cpu_stands_in_for(found: int, allowed: bool) -> bool:
+    """THE rule for "may the CPU stand in for the accelerators a test asks for": only on a
+    machine with no accelerator at all (`found` == 0), and only when `allowed` (the test's
+    own allow_cpu=True, or HARNESS_ALLOW_CPU=1). With some accelerators, but fewer than the
+    test asks for, it never does: the test skips. Pure, so that the decorators here and the
+    pytest marker's placement ask the same question of the same numbers."""
+    return found == 0 and allowed
+
+
+def cpu_stands_in() -> bool:
+    """Whether the CPU stands in on this machine, now, for every test (HARNESS_ALLOW_CPU=1
+    and no accelerator): the process-wide CPU analogs (harness/compat/cpu_defaults.py) and
+    device-type classes ask this."""
+    return cpu_stands_in_for(settings.accelerator_count(), settings.allow_cpu())
+
+
 def accelerators_suffice(count: int, backends: Sequence[str] = (), allow_cpu: bool = False) -> bool:
     """THE rule for every accelerator requirement: is it met on this machine, now?
 
     Met when at least `count` accelerators exist and (if `backends` are named) one of those
-    accelerator communication backends is compiled in, or when no accelerator exists and
-    the test may run on CPU: its own `allow_cpu`, or HARNESS_ALLOW_CPU=1 for every
-    requirement (the test then runs on CPU with gloo, with at least `count` ranks:
-    harness/world_size.py).
+    accelerator communication backends is compiled in, or when the CPU stands in
+    (`cpu_stands_in_for`: no accelerator at all, and the test's own `allow_cpu` or
+    HARNESS_ALLOW_CPU=1; the test then runs on CPU with gloo, with at least `count` ranks:
+    harness/requirements/world_size.py).
     """
-    found = devices.accelerator_count()
-    if found == 0 and (allow_cpu or devices.allow_cpu()):
+    found = settings.accelerator_count()
+    if cpu_stands_in_for(found, allow_cpu or settings.allow_cpu()):
         return True
     return found >= count and (not backends or any(_backend_compiled(b) for b in backends))
 
@@ -95,7 +108,7 @@ class AcceleratorRequirement(NamedTuple):
             return None
         if self.message:
             return self.message
-        found = devices.accelerator_count()
+        found = settings.accelerator_count()
         if self.count == PER_RANK and found == 0:
             return (
                 f"{TEST_SKIPS['no_cuda'].message} This test needs one accelerator for each of "
@@ -110,7 +123,8 @@ def _world_size_of(args: Sequence[Any]) -> Any:
     """The world size a decorated test method runs with: its case's, else WORLD_SIZE, else 1."""
     if args and hasattr(args[0], "world_size"):
         return args[0].world_size
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = settings.env_int("WORLD_SIZE")
+    return 1 if world_size is None else world_size
 
 
 def requires(requirement: AcceleratorRequirement) -> Callable[[Any], Any]:
@@ -152,18 +166,11 @@ def at_least_x_gpu(x: int) -> bool:
     return accelerators_suffice(x)
 
 
-def requires_nccl() -> Callable[[Any], Any]:
-    """Skip unless torch was built with the NCCL backend."""
-    return requires(AcceleratorRequirement(
-        0, backends=("nccl",), message="c10d was not compiled with the NCCL backend"
-    ))
-
-
 def requires_accelerator_dist_backend(
     backends: Optional[Sequence[str]] = None,
 ) -> Callable[[Any], Any]:
     """Skip unless one of `backends` (default: nccl, xccl, hccl) is available."""
-    names = list(devices.ACCELERATOR_BACKENDS if backends is None else backends)
+    names = list(settings.ACCELERATOR_BACKENDS if backends is None else backends)
     return requires(AcceleratorRequirement(
         0, backends=tuple(names),
         message=f"No accelerator communication backend available among {names}",
@@ -179,8 +186,7 @@ def skip_but_pass_in_sandcastle_if(condition: bool, reason: str) -> Callable[[An
 
     def decorator(target: Any) -> Any:
         if condition:
-            target.__unittest_skip__ = True
-            target.__unittest_skip_why__ = reason
+            unittest_internals.mark_skipped(target, reason)
         return target
 
     return decorator
@@ -245,7 +251,7 @@ def skips_before_it_starts(cls: type, method: Any) -> bool:
     """Whether a test `method` of `cls` is sure to skip before any rank starts: unittest's skip
     decorators on it or its class, or an accelerator requirement unmet here whatever the
     test's world size (a runner then need not start a forkserver for it)."""
-    if getattr(cls, "__unittest_skip__", False) or getattr(method, "__unittest_skip__", False):
+    if unittest_internals.marked_skipped(cls) or unittest_internals.marked_skipped(method):
         return True
     return any(requirement.unmet_reason() is not None
                for requirement in _test_requirements(cls, method))
@@ -257,7 +263,7 @@ def _test_requirements(cls: type, method: Any) -> List[AcceleratorRequirement]:
 
 
 def _case_requirements(case: unittest.TestCase) -> List[AcceleratorRequirement]:
-    return _test_requirements(type(case), getattr(case, case._testMethodName, None))
+    return _test_requirements(type(case), getattr(case, unittest_internals.method_name(case), None))
 
 
 def check_case_requirements(case: unittest.TestCase) -> None:
@@ -274,7 +280,7 @@ def check_case_requirements(case: unittest.TestCase) -> None:
         reason = requirement.unmet_reason(world_size)
         if reason is not None:
             raise unittest.SkipTest(reason)
-    if devices.cpu_stands_in():
+    if cpu_stands_in():
         from harness.compat import (
             cpu_defaults as compat_cpu_defaults,  # torch's FSDP/DDP: only when needed
         )
@@ -283,17 +289,19 @@ def check_case_requirements(case: unittest.TestCase) -> None:
 
 
 def cpu_allowed(case: unittest.TestCase) -> bool:
-    """Whether `case` runs on CPU in place of accelerators: none exists here, and
-    HARNESS_ALLOW_CPU=1 or one of its requirements says `allow_cpu=True`."""
-    if devices.accelerator_count() > 0:
+    """Whether `case` runs on CPU in place of accelerators (`cpu_stands_in_for`): none exists
+    here, and HARNESS_ALLOW_CPU=1 or one of its requirements says `allow_cpu=True`."""
+    found = settings.accelerator_count()
+    if found > 0:  # the switches are not read: the CPU cannot stand in here
         return False
-    return devices.allow_cpu() or any(r.allow_cpu for r in _case_requirements(case))
+    allowed = settings.allow_cpu() or any(r.allow_cpu for r in _case_requirements(case))
+    return cpu_stands_in_for(found, allowed)
 
 
 def cpu_gate(case: unittest.TestCase) -> int:
     """The accelerator count `case`'s requirements ask for (`skip_if_lt_x_gpu(n)`: n) when
     the CPU stands in for them here; 0 when the case runs as written. The world size rule
-    (harness/world_size.py) runs such a test with at least that many ranks."""
+    (harness/requirements/world_size.py) runs such a test with at least that many ranks."""
     if not cpu_allowed(case):
         return 0
     return max((r.count for r in _case_requirements(case) if r.count > 0), default=0)
@@ -305,5 +313,5 @@ def require_accelerator_per_rank(case: unittest.TestCase, world_size: int) -> No
     unless the CPU stands in for the accelerators (`cpu_allowed`)."""
     if cpu_allowed(case) or accelerators_suffice(world_size):
         return
-    found = devices.accelerator_count()
+    found = settings.accelerator_count()
     raise unittest.SkipTest(f"{_count_message(world_size)} ({found} found)")

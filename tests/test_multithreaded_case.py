@@ -19,12 +19,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from harness import devices
+from harness import settings
 from harness.kit.fsdp import FSDPTestMultiThread
-from harness.skips import requires_nccl, skip_if_lt_x_gpu, skip_if_no_gpu
-from harness.testcase import TestCase
-from harness.threads.case import MultiThreadedTestCase
+from harness.requirements.decorators import skip_if_lt_x_gpu, skip_if_no_gpu
+from harness.requirements.platform import requires_nccl
+from harness.single_process.testcase import TestCase
 from harness.threads.launcher import ThreadRanks
+from harness.threads.multithreaded_case import MultiThreadedTestCase
 
 
 def run_case(cls: type, method: str) -> Tuple[unittest.TestResult, MultiThreadedTestCase]:
@@ -113,7 +114,7 @@ class TestOutcomes(TestCase):
         self.assertEqual(result.skipped[0][1], "c10d was not compiled with the NCCL backend")
 
         per_rank = thread_case(2, test_body=skip_if_no_gpu(test_body))
-        with mock.patch.object(devices, "accelerator_count", return_value=1), no_rank_started():
+        with mock.patch.object(settings, "accelerator_count", return_value=1), no_rank_started():
             result, _ = run_case(per_rank, "test_body")
         self.assertEqual(result.skipped[0][1], "Need at least 2 CUDA devices, found 1")
 
@@ -129,7 +130,7 @@ class TestOutcomes(TestCase):
         self.assertEqual(
             result.skipped[0][1],
             "ThreadCase.world_size is 0: no ranks to start "
-            f"({devices.accelerator_count()} accelerators found)",
+            f"({settings.accelerator_count()} accelerators found)",
         )
 
     def test_negative_world_size_is_a_one_line_error(self) -> None:

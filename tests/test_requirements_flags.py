@@ -1,5 +1,5 @@
-"""harness.flags: every flag has upstream's value on this machine; device queries wait for
-first use (a test module's import must not initialise CUDA)."""
+"""harness.requirements.flags: every flag has upstream's value on this machine; device queries
+wait for first use (a test module's import must not initialise CUDA)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 import torch
 
-from harness import flags
+from harness.requirements import flags
 
 # flag -> the upstream module that defines it
 UPSTREAM_HOME = {

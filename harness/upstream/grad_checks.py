@@ -5,10 +5,11 @@ gradients checked and fast mode on by default (PYTORCH_TEST_WITH_SLOW_GRADCHECK=
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Dict
 
 import torch
+
+from harness import settings
 
 __all__ = ["_assertGradAndGradgradChecks", "dtype2prec_DONTUSE", "gradcheck", "gradgradcheck"]
 
@@ -19,7 +20,7 @@ dtype2prec_DONTUSE = {torch.float: 1e-5, torch.double: 1e-5, torch.half: 1e-2,
 
 def _with_test_defaults(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     """The caller's arguments, with upstream's defaults where a key is missing or None."""
-    slow = os.environ.get("PYTORCH_TEST_WITH_SLOW_GRADCHECK") == "1"
+    slow = settings.upstream_flag("PYTORCH_TEST_WITH_SLOW_GRADCHECK")
     defaults = {"check_batched_grad": True, "fast_mode": not slow}
     return {**kwargs, **{k: v for k, v in defaults.items() if kwargs.get(k) is None}}
 

@@ -1,4 +1,5 @@
-"""harness.skips: upstream skip codes and decorators, decided before any rank starts."""
+"""harness.requirements.decorators: upstream skip codes and decorators, decided before any rank
+starts."""
 
 import os
 import subprocess
@@ -17,17 +18,18 @@ from harness import (
     requires_accelerator_dist_backend,
     requires_gloo,
     requires_nccl,
+    settings,
     skip_but_pass_in_sandcastle_if,
     skip_if_lt_x_gpu,
     skip_if_no_gpu,
     skip_if_rocm_multiprocess,
     skipIfHpu,
     skipIfRocm,
-    skips,
 )
-from harness.devices import HarnessConfigError
-from harness.skip_codes import SKIP_BY_EXIT_CODE
-from harness.skips import check_requirements
+from harness.requirements import decorators
+from harness.requirements.decorators import check_requirements
+from harness.requirements.skip_codes import SKIP_BY_EXIT_CODE
+from harness.settings import HarnessConfigError
 
 
 def gpus(count):
@@ -66,7 +68,7 @@ class SkipsTest(unittest.TestCase):
 
     def test_a_test_sure_to_skip_before_its_ranks_start(self):
         self.use_gpus(0)
-        sure = skips.skips_before_it_starts
+        sure = decorators.skips_before_it_starts
         self.assertTrue(sure(PerRank, PerRank.test_gated))  # 3 GPUs, none here
         self.assertFalse(sure(PerRank, PerRank.test_allows_cpu))  # runs on CPU
         self.assertFalse(sure(PerRank, PerRank.test_plain))
@@ -91,25 +93,25 @@ class SkipsTest(unittest.TestCase):
         self.use_gpus(1)
         message = r"^Need at least 2 CUDA devices \(1 found\)$"
         with self.assertRaisesRegex(unittest.SkipTest, message):
-            skips.require_accelerator_per_rank(case, 2)
-        skips.require_accelerator_per_rank(case, 1)  # enough: no skip
+            decorators.require_accelerator_per_rank(case, 2)
+        decorators.require_accelerator_per_rank(case, 1)  # enough: no skip
         self.use_gpus(0)
         with self.assertRaisesRegex(unittest.SkipTest, r"^Need at least 1 CUDA device \(0 found"):
-            skips.require_accelerator_per_rank(case, 1)
-        skips.require_accelerator_per_rank(PerRank("test_allows_cpu"), 2)
+            decorators.require_accelerator_per_rank(case, 1)
+        decorators.require_accelerator_per_rank(PerRank("test_allows_cpu"), 2)
         with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "1"}):
-            skips.require_accelerator_per_rank(case, 2)
+            decorators.require_accelerator_per_rank(case, 2)
 
     def test_cpu_gate_is_the_count_the_cpu_stands_in_for(self):
         self.use_gpus(0)
-        self.assertEqual(skips.cpu_gate(PerRank("test_plain")), 0)
-        self.assertEqual(skips.cpu_gate(PerRank("test_gated")), 0)  # would skip: no gate
-        self.assertEqual(skips.cpu_gate(PerRank("test_allows_cpu")), 2)
+        self.assertEqual(decorators.cpu_gate(PerRank("test_plain")), 0)
+        self.assertEqual(decorators.cpu_gate(PerRank("test_gated")), 0)  # would skip: no gate
+        self.assertEqual(decorators.cpu_gate(PerRank("test_allows_cpu")), 2)
         with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "1"}):
-            self.assertEqual(skips.cpu_gate(PerRank("test_gated")), 3)
-            self.assertEqual(skips.cpu_gate(PerRank("test_plain")), 0)
+            self.assertEqual(decorators.cpu_gate(PerRank("test_gated")), 3)
+            self.assertEqual(decorators.cpu_gate(PerRank("test_plain")), 0)
         self.use_gpus(4)
-        self.assertEqual(skips.cpu_gate(PerRank("test_allows_cpu")), 0)
+        self.assertEqual(decorators.cpu_gate(PerRank("test_allows_cpu")), 0)
 
     def test_skips_on_cpu_with_a_reason_that_says_accelerator(self):
         self.use_gpus(0)
@@ -271,7 +273,7 @@ class SkipsTest(unittest.TestCase):
                 with self.assertRaises(unittest.SkipTest):
                     fn(Case())
             self.assertFalse(at_least_x_gpu(1))
-            with mock.patch.object(skips, "accelerators_suffice", return_value=True) as rule:
+            with mock.patch.object(decorators, "accelerators_suffice", return_value=True) as rule:
                 self.assertEqual([fn(Case()) for fn in decorated], ["ran"] * 4)
                 for fn in decorated:
                     check_requirements(fn, 4)
@@ -318,8 +320,8 @@ class SkipsTest(unittest.TestCase):
 
     def test_allow_cpu_switch_bad_value_names_it(self):
         self.use_gpus(0)
-        with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "yes"}):
-            with self.assertRaisesRegex(HarnessConfigError, "HARNESS_ALLOW_CPU='yes' must be 1"):
+        with mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "maybe"}):
+            with self.assertRaisesRegex(HarnessConfigError, "HARNESS_ALLOW_CPU='maybe' is not"):
                 at_least_x_gpu(1)
 
     def test_skip_but_pass_in_sandcastle_if_marks_functions_and_classes(self):
@@ -354,16 +356,17 @@ class SkipsTest(unittest.TestCase):
         def fn():
             return "ran"
 
-        self.assertEqual(skips.TEST_HPU, bool(hasattr(torch, "hpu") and torch.hpu.is_available()))
-        self.assertEqual(skips.TEST_XPU, torch.xpu.is_available())
-        if skips.TEST_WITH_ROCM or skips.TEST_HPU:
+        self.assertEqual(decorators.TEST_HPU,
+                         bool(hasattr(torch, "hpu") and torch.hpu.is_available()))
+        self.assertEqual(decorators.TEST_XPU, torch.xpu.is_available())
+        if decorators.TEST_WITH_ROCM or decorators.TEST_HPU:
             self.skipTest("checks what runs off ROCm and HPU")
         self.assertEqual(skipIfRocm(fn)(), "ran")
         self.assertEqual(skipIfRocm(msg="flaky")(fn)(), "ran")
         self.assertEqual(skipIfHpu(fn)(), "ran")
         self.assertFalse(hasattr(skip_if_rocm_multiprocess(fn), "__unittest_skip_why__"))
-        with mock.patch.object(skips, "TEST_WITH_ROCM", True), \
-                mock.patch.object(skips, "TEST_HPU", True):
+        with mock.patch.object(decorators, "TEST_WITH_ROCM", True), \
+                mock.patch.object(decorators, "TEST_HPU", True):
             with self.assertRaises(unittest.SkipTest) as caught:
                 skipIfRocm(fn)()
             self.assertEqual(
@@ -401,6 +404,60 @@ class SkipsTest(unittest.TestCase):
         for bad in (0, -1, "2", True):
             with self.assertRaisesRegex(ValueError, "skip_if_lt_x_gpu: n must be a positive int"):
                 skip_if_lt_x_gpu(bad)
+
+
+class OneRuleTest(unittest.TestCase):
+    """The requirement decorators and the pytest marker's placement ask one rule whether the
+    CPU stands in for accelerators (`cpu_stands_in_for`): only on a machine without any; with
+    some, but fewer than the ranks, both skip."""
+
+    def setUp(self):
+        from harness.pytest_plugin.functions import place
+        from harness.pytest_plugin.marker import Ranks
+
+        self.place, self.ranks = place, Ranks
+
+    def outcomes(self, count, own_allow, env_allow):
+        """(the decorator's, the marker's) outcome for 2 ranks on `count` faked accelerators."""
+        patches = gpus(count)
+        if env_allow:
+            patches.append(mock.patch.dict(os.environ, {"HARNESS_ALLOW_CPU": "1"}))
+            patches[-1].start()
+        try:
+            @skip_if_lt_x_gpu(2, allow_cpu=own_allow)
+            def body():
+                return "ran"
+
+            try:
+                decorated = "cpu" if decorators.cpu_stands_in_for(
+                    settings.accelerator_count(), own_allow or settings.allow_cpu()
+                ) else "cuda"
+                body()
+            except unittest.SkipTest:
+                decorated = "skip"
+            where = self.place(self.ranks((2,), device="cuda", allow_cpu=own_allow), 2)
+            marked = "skip" if where.skip is not None else where.device_type
+            return decorated, marked
+        finally:
+            for patch in reversed(patches):
+                patch.stop()
+
+    def test_one_accelerator_for_two_ranks_skips_in_both(self):
+        for own_allow, env_allow in ((True, False), (False, True), (False, False)):
+            with self.subTest(own_allow=own_allow, env_allow=env_allow):
+                self.assertEqual(self.outcomes(1, own_allow, env_allow), ("skip", "skip"))
+
+    def test_both_agree_without_accelerators_and_with_enough(self):
+        self.assertEqual(self.outcomes(0, True, False), ("cpu", "cpu"))
+        self.assertEqual(self.outcomes(0, False, True), ("cpu", "cpu"))
+        self.assertEqual(self.outcomes(0, False, False), ("skip", "skip"))
+        self.assertEqual(self.outcomes(2, True, True), ("cuda", "cuda"))
+
+    def test_the_marker_names_what_is_missing(self):
+        patches = gpus(1)
+        self.addCleanup(lambda: [patch.stop() for patch in reversed(patches)])
+        where = self.place(self.ranks((2,), device="cuda", allow_cpu=True), 2)
+        self.assertEqual(where.skip, "needs 2 CUDA device(s), 1 available here")
 
 
 if __name__ == "__main__":

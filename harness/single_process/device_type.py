@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import unittest
 from collections.abc import MutableMapping
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from harness import devices as harness_devices
-from harness.parametrize import (
+from harness import settings
+from harness.requirements import decorators
+from harness.single_process.parametrize import (
     PARAMETRIZE_ATTR,
     Variant,
     add_generated_test,
@@ -32,7 +32,7 @@ from harness.parametrize import (
     dtype_name,
     generated_test,
 )
-from harness.testcase import TestCase
+from harness.single_process.testcase import TestCase
 
 DeviceTypes = Union[str, Sequence[str], None]
 
@@ -124,7 +124,7 @@ class CUDATestBase(DeviceTypeTestBase):
     @classmethod
     def get_all_devices(cls) -> List[str]:
         primary = cls.get_primary_device()
-        others = [f"cuda:{i}" for i in range(harness_devices.accelerator_count())]
+        others = [f"cuda:{i}" for i in range(settings.accelerator_count())]
         return [primary, *(d for d in others if d != primary)]
 
 
@@ -202,8 +202,7 @@ def _device_type_names(value: DeviceTypes, what: str) -> Tuple[str, ...]:
 
 
 def _env_device_types(name: str) -> Tuple[str, ...]:
-    value = os.environ.get(name, "")
-    return tuple(value.split(",")) if value else ()
+    return settings.env_list(name)
 
 
 def _selected(device_type: str, only_for: Tuple[str, ...], except_for: Tuple[str, ...]) -> bool:
@@ -221,7 +220,7 @@ def _runs_as_accelerator(device_type: str) -> bool:
     """Whether a test restricted to accelerators runs in `device_type`'s class: an accelerator
     type does, and "cpu" does while the CPU stands in for accelerators (HARNESS_ALLOW_CPU=1)."""
     if device_type == "cpu":
-        return harness_devices.cpu_stands_in()
+        return decorators.cpu_stands_in()
     return device_type not in NON_ACCELERATOR_TYPES
 
 
@@ -246,9 +245,9 @@ def device_types_to_instantiate(
     both = sorted(set(only) & set(excluded))
     if both:
         raise ValueError(f"device types {both} appear in both only_for and except_for")
-    available = ["cpu", *(["cuda"] if harness_devices.accelerator_count() > 0 else [])]
+    available = ["cpu", *(["cuda"] if settings.accelerator_count() > 0 else [])]
     env_only, env_excluded = _env_device_types(ONLY_FOR_ENV), _env_device_types(EXCEPT_FOR_ENV)
-    if harness_devices.cpu_stands_in():
+    if decorators.cpu_stands_in():
         only, env_only = _with_cpu_for_accelerators(only), _with_cpu_for_accelerators(env_only)
     return [
         t for t in available

@@ -8,15 +8,15 @@ initialise CUDA (its ranks are forked from a process that imported it).
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, Callable, Tuple
 
 import torch
 
+from harness import settings
 from harness.compat.inductor import has_triton
-from harness.devices import TEST_CUDA
-from harness.skips import TEST_HPU, TEST_WITH_ROCM, TEST_XPU
+from harness.requirements.decorators import TEST_HPU, TEST_WITH_ROCM, TEST_XPU
+from harness.settings import TEST_CUDA
 
 __all__ = [
     "E4M3_MAX_POS", "GPU_TYPE", "HAS_ACCELERATOR", "HAS_CUDA_AND_TRITON", "HAS_GPU",
@@ -62,16 +62,16 @@ class LazyFlag:
 
 IS_WINDOWS = sys.platform == "win32"
 # Upstream's CI flag: CI set to anything non-empty (GitHub sets CI=true).
-IS_CI = bool(os.environ.get("CI"))
+IS_CI = bool(settings.env_text("CI"))
 # Meta's internal CI; outside it only SANDCASTLE=1 (or its job user) turns it on.
-IS_SANDCASTLE = (os.environ.get("SANDCASTLE") == "1"
-                 or os.environ.get("TW_JOB_USER") == "sandcastle")
+IS_SANDCASTLE = (settings.upstream_flag("SANDCASTLE")
+                 or settings.env_text("TW_JOB_USER") == "sandcastle")
 
 # ------------------------------------------------------------------ accelerators
 
 HAS_ACCELERATOR = TEST_CUDA or TEST_HPU or TEST_XPU
 TEST_MULTIACCELERATOR = LazyFlag(lambda: torch.accelerator.device_count() > 1)
-TEST_CUDA_GRAPH = TEST_CUDA and os.environ.get("PYTORCH_TEST_SKIP_CUDAGRAPH") != "1" and (
+TEST_CUDA_GRAPH = TEST_CUDA and not settings.upstream_flag("PYTORCH_TEST_SKIP_CUDAGRAPH") and (
     torch.version.cuda or torch.version.hip)
 
 
@@ -111,8 +111,8 @@ def _get_torch_rocm_version() -> Tuple[int, ...]:
 def _rocm_arch_within(arch: Tuple[str, ...]) -> bool:
     if not torch.cuda.is_available():
         return False
-    name = os.environ.get("PYTORCH_DEBUG_FLASH_ATTENTION_GCN_ARCH_OVERRIDE",
-                          torch.cuda.get_device_properties("cuda").gcnArchName)
+    name = settings.env_text("PYTORCH_DEBUG_FLASH_ATTENTION_GCN_ARCH_OVERRIDE") or (
+        torch.cuda.get_device_properties("cuda").gcnArchName)
     return any(candidate in name for candidate in arch)
 
 
@@ -123,7 +123,7 @@ _ROCM_EXPERIMENTAL_ARCH = ("gfx1101", "gfx1102", "gfx1150", "gfx1151", "gfx1200"
 
 
 def _rocm_attention_arch() -> Tuple[str, ...]:
-    experimental = os.environ.get("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL", "0") != "0"
+    experimental = settings.env_text("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL", "0") != "0"
     return _ROCM_ATTENTION_ARCH + (_ROCM_EXPERIMENTAL_ARCH if experimental else ())
 
 

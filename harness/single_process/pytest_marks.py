@@ -20,6 +20,8 @@ import sys
 import unittest
 from typing import Any, Iterator, List, Optional, Tuple
 
+from harness.compat import unittest_internals
+
 _APPLIED = "__harness_pytest_marks__"
 
 
@@ -33,7 +35,7 @@ def marks_on(obj: Any) -> List[Any]:
 def marks_of(test: unittest.TestCase) -> Iterator[Any]:
     """The pytest marks that apply to `test`: its method's, its class's, its module's."""
     cls = type(test)
-    yield from marks_on(getattr(cls, test._testMethodName, None))
+    yield from marks_on(getattr(cls, unittest_internals.method_name(test), None))
     yield from marks_on(cls)
     yield from marks_on(sys.modules.get(cls.__module__))
 
@@ -75,7 +77,7 @@ def verdict(test: unittest.TestCase) -> Tuple[Optional[str], Optional[str]]:
 def honour_pytest_marks(tests: List[unittest.TestCase]) -> List[unittest.TestCase]:
     """`tests`, each skipped or expected to fail as its pytest marks say (once per test)."""
     for test in tests:
-        name = getattr(test, "_testMethodName", None)
+        name = unittest_internals.method_name(test, None)
         if name is None or getattr(test, _APPLIED, False) or not hasattr(test, name):
             continue
         setattr(test, _APPLIED, True)
@@ -93,9 +95,7 @@ def _skipped(method: Any, reason: str) -> Any:
     def skipped(*args: Any, **kwargs: Any) -> None:
         raise unittest.SkipTest(reason)
 
-    skipped.__unittest_skip__ = True  # type: ignore[attr-defined]  # unittest's own flags
-    skipped.__unittest_skip_why__ = reason  # type: ignore[attr-defined]
-    return skipped
+    return unittest_internals.mark_skipped(skipped, reason)  # unittest's own flags
 
 
 def _expecting_failure(method: Any) -> Any:
@@ -103,5 +103,4 @@ def _expecting_failure(method: Any) -> Any:
     def expecting_failure(*args: Any, **kwargs: Any) -> Any:
         return method(*args, **kwargs)
 
-    expecting_failure.__unittest_expecting_failure__ = True  # type: ignore[attr-defined]
-    return expecting_failure
+    return unittest_internals.mark_expected_failure(expecting_failure)

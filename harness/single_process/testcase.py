@@ -1,14 +1,14 @@
 """The single-process base, as upstream's common_utils.TestCase: assertEqual, seeding, and
 the process state each test must leave as it found it.
 
-Every harness base class derives from `TestCase`, so rank processes and rank threads compare
-values the same way a plain unit test does, and the way upstream's TestCase does (its keywords,
-tolerances, `precision`/`rel_tol`, verdicts and messages: harness/comparison.py; differential
-tests in tests/test_testcase.py hold them to upstream's). Around each test, as upstream: the
-random generators are seeded, sparse tensors check their invariants, grad mode is restored,
-and a torch-function mode left behind (`torch.set_default_device` pushes one) fails the test
-and is removed. `setUp` also honours accelerator requirements declared on the test class
-(harness/skips.py).
+Every harness base class derives from `TestCase`, so rank processes and rank threads compare values
+the same way a plain unit test does, and the way upstream's TestCase does (its keywords, tolerances,
+`precision`/`rel_tol`, verdicts and messages: harness/single_process/comparison.py; differential
+tests in tests/test_testcase.py hold them to upstream's). Around each test, as upstream: the random
+generators are seeded, sparse tensors check their invariants, grad mode is restored, and a
+torch-function mode left behind (`torch.set_default_device` pushes one) fails the test and is
+removed. `setUp` also honours accelerator requirements declared on the test class
+(harness/requirements/decorators.py).
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Typ
 import expecttest
 import torch
 
-from harness.comparison import mismatch
+from harness import settings
 from harness.compat import torch_function as compat_torch_function
-from harness.skips import check_case_requirements
-from harness.subtests import run_subtests
+from harness.compat import unittest_internals
+from harness.requirements.decorators import check_case_requirements
+from harness.single_process.comparison import mismatch
+from harness.single_process.subtests import run_subtests
 
 # unittest and pytest hide frames of modules that define these (as unittest hides its own):
 # a failure points at the test's line, not at assertEqual or the harness's method routing.
@@ -51,12 +53,9 @@ def current_seed() -> int:
     """The seed every test starts from: HARNESS_SEED (set by `--seed N`) when set (as the
     `--seed` of older upstream versions won; the installed one has none); else `SEED` (a
     client may set it: `harness.SEED = 99`); else (SEED set to None) 1234."""
-    value = os.environ.get(SEED_ENV, "")
-    try:
-        if value:
-            return int(value)
-    except ValueError:
-        raise ValueError(f"{SEED_ENV}={value!r} is not an int") from None
+    seed = settings.env_int(SEED_ENV)
+    if seed is not None:
+        return seed
     return DEFAULT_SEED if SEED is None else int(SEED)
 
 
@@ -101,6 +100,7 @@ def _expect_file(case: unittest.TestCase, subname: Optional[str]) -> Tuple[str, 
     return os.path.join(folder, "expect", f"{name}.expect"), label
 
 
+@unittest_internals.show_every_diff  # as upstream: multi-line strings always get a diff
 class TestCase(expecttest.TestCase):
     """expecttest's TestCase with upstream's assertEqual, seeding and per-test state checks."""
 
@@ -108,8 +108,6 @@ class TestCase(expecttest.TestCase):
     # and toleranceOverride set them); read through `precision` / `rel_tol`.
     _precision: float = 0
     _rel_tol: float = 0
-    # As upstream: multi-line strings always get a diff, however long.
-    _diffThreshold = sys.maxsize  # noqa: N815 - unittest's name
     maxDiff = None  # noqa: N815 - unittest's name
 
     def __init__(
@@ -236,7 +234,9 @@ class TestCase(expecttest.TestCase):
         )
         if reason is None:
             shown = msg if isinstance(msg, str) else None
-            raise self.failureException(self._formatMessage(shown, "AssertionError not raised"))
+            raise self.failureException(
+                unittest_internals.format_message(self, shown, "AssertionError not raised")
+            )
 
     def assertEqualIgnoreType(self, *args: Any, **kwargs: Any) -> None:  # noqa: N802
         """assertEqual without the dtype check (upstream's name)."""
@@ -362,7 +362,9 @@ class TestCase(expecttest.TestCase):
                 torch.set_warn_always(previous)
         if caught:
             shown = "; ".join(f"{w.category.__name__}: {w.message}" for w in caught)
-            raise self.failureException(self._formatMessage(msg or None, f"warned: {shown}"))
+            raise self.failureException(
+                unittest_internals.format_message(self, msg or None, f"warned: {shown}")
+            )
 
     def _attempt_load_from_subprocess(
         self, file: Any, import_string: str, expected_failure_message: Optional[str] = None
@@ -389,6 +391,7 @@ class TestCase(expecttest.TestCase):
     def run_subtests(
         self, grid: Dict[str, Sequence[Any]], fn: Callable, *args: Any, **kwargs: Any
     ) -> None:
-        """Run `fn` for every point of `grid`, each point a subTest (harness/subtests.py)."""
+        """Run `fn` for every point of `grid`, each point a subTest
+        (harness/single_process/subtests.py)."""
         run_subtests(self, grid, fn, *args, **kwargs)
 

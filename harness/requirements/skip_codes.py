@@ -1,7 +1,7 @@
 """Upstream's skip names, exit codes and messages (`TEST_SKIPS`): a rank that exits with one
 of these codes is reported as a skip with its message. Plain data without torch, so that the
 outcome model (harness/outcome/) reads them without importing torch; the decorators that use
-them are in skips.py.
+them are in decorators.py.
 """
 
 from __future__ import annotations

@@ -1,11 +1,17 @@
-"""Which device, backend, world size, timeout and start method a test uses, and whether a
-launcher (torchrun) started this process.
+"""THE settings module: every value the harness reads from the environment, and which device,
+backend, world size, timeout and start method a test uses, and whether a launcher (torchrun)
+started this process.
 
 Every answer is read from the environment at call time, so `run_all.py --device cpu`
-(which sets HARNESS_DEVICE) and a test that changes an env knob both take effect. Each rule
-has one function here: `rank_device`, `backend_for`, `base_world_size` (a base's default;
-harness/world_size.py adds a class's own and the accelerator gate), `test_timeout`,
-`torchrun_env`.
+(which sets HARNESS_DEVICE) and a test that changes an env knob both take effect. One parser
+per kind of value: `env_flag` (a HARNESS_* switch: 1/true/yes or 0/false/no, any case),
+`upstream_flag` (upstream's own knobs, such as PYTORCH_TEST_WITH_*, with upstream's meaning),
+`env_seconds` (a positive number of seconds; `is_positive_seconds` is the one rule, for
+values that do not come from the environment too), `env_int` (counts, ranks, seeds),
+`env_choice`, `env_text` and `env_list`; a bad value is a one-line `HarnessConfigError`
+naming the variable and the value. Each rule has one function here: `rank_device`,
+`backend_for`, `base_world_size` (a base's default; harness/requirements/world_size.py adds a
+class's own and the accelerator gate), `test_timeout`, `torchrun_env`.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from datetime import timedelta
 from typing import Any, Dict, Optional, Tuple
 
 import torch
+
+from harness.compat import unittest_internals
 
 DEVICE_ENV = "HARNESS_DEVICE"
 WORLD_SIZE_ENV = "HARNESS_WORLD_SIZE"
@@ -49,11 +57,115 @@ TIMEOUT_OVERRIDE: Dict[str, float] = {
 }
 
 
+class HarnessConfigError(ValueError):
+    """A harness setting (usually an env knob) has a value the harness cannot use."""
+
+
+# ------------------------------------------------------------------ one parser per kind of value
+
+FLAG_ON = ("1", "true", "yes")
+FLAG_OFF = ("0", "false", "no")
+
+
+def env_text(name: str, default: str = "") -> str:
+    """A variable's text as set (`default` when unset): for the knobs whose value is a name or
+    a path, and for upstream's knobs that are read as text (CI, TW_JOB_USER)."""
+    return os.environ.get(name, default)
+
+
+def env_list(name: str) -> Tuple[str, ...]:
+    """A comma-separated list (PYTORCH_TESTING_DEVICE_ONLY_FOR=cuda,cpu); empty when unset."""
+    value = env_text(name)
+    return tuple(value.split(",")) if value else ()
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """THE reading of a HARNESS_* switch: 1, true or yes turn it on, 0, false or no off (in
+    any case); unset or empty, `default`; any other value is a HarnessConfigError naming the
+    variable and the value."""
+    value = env_text(name)
+    if value == "":
+        return default
+    word = value.strip().lower()
+    if word in FLAG_ON:
+        return True
+    if word in FLAG_OFF:
+        return False
+    raise HarnessConfigError(
+        f"{name}={value!r} is not a switch: use 1, true or yes (on), 0, false or no (off)"
+    )
+
+
+def upstream_flag(name: str, default: bool = False) -> bool:
+    """An upstream knob (PYTORCH_TEST_WITH_ROCM, PYTORCH_TEST_WITH_DYNAMO, ...) with upstream's
+    meaning (common_utils' TestEnvironment.def_flag): off by default, on only when set to "1";
+    on by default, off only when set to "0". Any other value is not an error, as upstream."""
+    value = os.environ.get(name)
+    return value != "0" if default else value == "1"
+
+
+def env_choice(name: str, choices: Tuple[str, ...]) -> Optional[str]:
+    """One of `choices`, or None when unset or empty (HarnessConfigError for anything else)."""
+    value = env_text(name)
+    if value == "":
+        return None
+    if value not in choices:
+        raise HarnessConfigError(f"{name}={value!r} is not one of: {', '.join(choices)}")
+    return value
+
+
+def env_int(name: str, minimum: Optional[int] = None) -> Optional[int]:
+    """A whole number (a count: world size, cores; a rank; a seed), at least `minimum` when one
+    is given; None when unset or empty."""
+    value = env_text(name)
+    if value == "":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise HarnessConfigError(f"{name}={value!r} is not a whole number") from None
+    if minimum is not None and number < minimum:
+        raise HarnessConfigError(f"{name}={value!r} must be at least {minimum}")
+    return number
+
+
+def is_positive_seconds(value: Any) -> bool:
+    """THE rule for a number of seconds (a timeout, a marker's, a class's, an env knob's): a
+    positive int or float, not a bool and not NaN."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and value > 0 and value == value)
+
+
+def positive_seconds(value: Any, what: str) -> float:
+    """`value` as seconds, or a one-line HarnessConfigError naming `what` (`Case.timeout`)."""
+    if not is_positive_seconds(value):
+        raise HarnessConfigError(f"{what} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def env_seconds(name: str, zero_ok: bool = False) -> Optional[float]:
+    """A positive number of seconds (also 0 when `zero_ok`); None when unset or empty."""
+    value = env_text(name)
+    if value == "":
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if number is None or not (is_positive_seconds(number) or (zero_ok and number == 0)):
+        kind = "number of seconds >= 0" if zero_ok else "positive number of seconds"
+        raise HarnessConfigError(f"{name}={value!r} is not a {kind}")
+    return number
+
+
+# ------------------------------------------------------------------ upstream's module state
+
+
 def _upstream_timeout_default() -> int:
     """Upstream's `common_distributed.TIMEOUT_DEFAULT` as it is at import: the environment's
     seconds, else 300 (a bad value is reported by `default_timeout()` when a test runs)."""
     try:
-        return int(os.environ.get(UPSTREAM_TIMEOUT_ENV) or DEFAULT_TIMEOUT_S)
+        return int(env_text(UPSTREAM_TIMEOUT_ENV) or DEFAULT_TIMEOUT_S)
     except ValueError:
         return int(DEFAULT_TIMEOUT_S)
 
@@ -67,39 +179,16 @@ _TIMEOUT_DEFAULT_AT_IMPORT = TIMEOUT_DEFAULT
 
 # Upstream's common_cuda flags, read once at import as upstream does; HARNESS_DEVICE=cpu
 # turns them off, since the harness then runs everything on CPU.
-TEST_CUDA = torch.cuda.is_available() and os.environ.get(DEVICE_ENV) != "cpu"
+TEST_CUDA = torch.cuda.is_available() and env_text(DEVICE_ENV) != "cpu"
 TEST_MULTIGPU = TEST_CUDA and torch.cuda.device_count() >= 2
 
 
-class HarnessConfigError(ValueError):
-    """A harness setting (usually an env knob) has a value the harness cannot use."""
-
-
-def _env_choice(name: str, choices: Tuple[str, ...]) -> Optional[str]:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return None
-    if value not in choices:
-        raise HarnessConfigError(f"{name}={value!r} is not one of: {', '.join(choices)}")
-    return value
-
-
-def _env_number(name: str, kind: type, minimum: float) -> Optional[float]:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return None
-    try:
-        number = kind(value)
-    except ValueError:
-        raise HarnessConfigError(f"{name}={value!r} is not a {kind.__name__}") from None
-    if number < minimum:
-        raise HarnessConfigError(f"{name}={value!r} must be at least {minimum}")
-    return number
+# ------------------------------------------------------------------ the rules
 
 
 def accelerator_count() -> int:
     """CUDA devices the harness may use: none when HARNESS_DEVICE=cpu forces CPU."""
-    forced = _env_choice(DEVICE_ENV, DEVICE_CHOICES)
+    forced = env_choice(DEVICE_ENV, DEVICE_CHOICES)
     if forced == "cpu":
         return 0
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -110,16 +199,7 @@ def accelerator_count() -> int:
 
 def allow_cpu() -> bool:
     """Whether HARNESS_ALLOW_CPU=1 asks to run accelerator-written tests on CPU (off by default)."""
-    value = os.environ.get(ALLOW_CPU_ENV, "")
-    if value not in ("", "0", "1"):
-        raise HarnessConfigError(f"{ALLOW_CPU_ENV}={value!r} must be 1 (on) or 0 (off)")
-    return value == "1"
-
-
-def cpu_stands_in() -> bool:
-    """Whether the CPU stands in for the accelerators tests ask for: the switch is on and
-    this machine has none (with accelerators present the switch changes nothing)."""
-    return allow_cpu() and accelerator_count() == 0
+    return env_flag(ALLOW_CPU_ENV)
 
 
 def device_type() -> str:
@@ -150,8 +230,7 @@ def rank_device(rank: int) -> torch.device:
 
 def configured_world_size() -> Optional[int]:
     """HARNESS_WORLD_SIZE, or None when unset."""
-    size = _env_number(WORLD_SIZE_ENV, int, 1)
-    return None if size is None else int(size)
+    return env_int(WORLD_SIZE_ENV, 1)
 
 
 def default_world_size() -> int:
@@ -181,8 +260,8 @@ def default_timeout() -> float:
     the run sets it and the file has set TIMEOUT_DEFAULT (a run's choice wins, as HARNESS_SEED
     wins over a file's SEED); else TIMEOUT_DEFAULT as the file set it; else upstream's
     DISTRIBUTED_TESTS_DEFAULT_TIMEOUT, else HARNESS_TIMEOUT, else 300."""
-    upstream = _env_number(UPSTREAM_TIMEOUT_ENV, float, 0.001)
-    harness = _env_number(TIMEOUT_ENV, float, 0.001)
+    upstream = env_seconds(UPSTREAM_TIMEOUT_ENV)
+    harness = env_seconds(TIMEOUT_ENV)
     if TIMEOUT_DEFAULT != _TIMEOUT_DEFAULT_AT_IMPORT:
         return float(harness if harness is not None else TIMEOUT_DEFAULT)
     for timeout in (upstream, harness):
@@ -199,7 +278,7 @@ def test_timeout(case: Any) -> float:
     not the test's limit."""
     if debug_rank() is not None:  # `--debug-rank`: a person steps through a rank; wait for them
         return DEBUG_TIMEOUT_S
-    override = TIMEOUT_OVERRIDE.get(case._testMethodName)
+    override = TIMEOUT_OVERRIDE.get(unittest_internals.method_name(case))
     declared = getattr(case, "timeout", None)
     if override is not None:
         timeout = float(override)
@@ -236,37 +315,27 @@ def checked_rank_settings(case: Any, world_size: Any) -> Tuple[int, float]:
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise HarnessConfigError(f"{name}.world_size must be a positive int, got {world_size!r}")
     declared = getattr(case, "timeout", None)
-    if not isinstance(declared, timedelta) and (
-        isinstance(declared, bool) or not isinstance(declared, (int, float)) or declared <= 0
-    ):
-        raise HarnessConfigError(
-            f"{name}.timeout must be a positive number of seconds, got {declared!r}"
-        )
-    override = TIMEOUT_OVERRIDE.get(case._testMethodName)
-    if override is not None and (
-        isinstance(override, bool) or not isinstance(override, (int, float)) or override <= 0
-    ):
-        raise HarnessConfigError(
-            f"TIMEOUT_OVERRIDE[{case._testMethodName!r}] must be a positive number of seconds, "
-            f"got {override!r}"
-        )
+    if not isinstance(declared, timedelta):
+        positive_seconds(declared, f"{name}.timeout")
+    override = TIMEOUT_OVERRIDE.get(unittest_internals.method_name(case))
+    if override is not None:
+        positive_seconds(override, f"TIMEOUT_OVERRIDE[{unittest_internals.method_name(case)!r}]")
     return world_size, test_timeout(case)
 
 
 def debug_rank() -> Optional[int]:
     """The rank given the terminal for a debugger (`--debug-rank N`), else None."""
-    rank = _env_number(DEBUG_RANK_ENV, int, 0)
-    return None if rank is None else int(rank)
+    return env_int(DEBUG_RANK_ENV, 0)
 
 
 def show_output() -> bool:
     """HARNESS_SHOW_OUTPUT: ranks' output (their warnings too) shown live, not only on failure."""
-    return os.environ.get(SHOW_OUTPUT_ENV, "").lower() in ("1", "true", "yes")
+    return env_flag(SHOW_OUTPUT_ENV)
 
 
 def start_method() -> str:
     """How rank processes start: a preloaded forkserver (fast) or spawn (fallback)."""
-    return _env_choice(START_METHOD_ENV, START_METHODS) or "forkserver"
+    return env_choice(START_METHOD_ENV, START_METHODS) or "forkserver"
 
 
 def torchrun_env() -> Optional[Tuple[int, int]]:
@@ -275,22 +344,22 @@ def torchrun_env() -> Optional[Tuple[int, int]]:
     GROUP_RANK, LOCAL_WORLD_SIZE, with RANK, WORLD_SIZE and MASTER_ADDR), or HARNESS_LAUNCHED=1
     for a launcher that sets only RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Those four
     alone are often left behind (a pod, an earlier env:// test): they change nothing."""
-    opt_in = os.environ.get(LAUNCHED_ENV, "")
-    if opt_in not in ("", "0", "1"):
-        raise HarnessConfigError(f"{LAUNCHED_ENV}={opt_in!r} must be 1 (on) or 0 (off)")
-    by_torchrun = all(os.environ.get(name) for name in TORCHRUN_ENV)
-    if not (by_torchrun or opt_in == "1"):
+    opt_in = env_flag(LAUNCHED_ENV)
+    by_torchrun = all(env_text(name) for name in TORCHRUN_ENV)
+    if not (by_torchrun or opt_in):
         return None
-    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR") if not os.environ.get(k)]
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR") if not env_text(k)]
     if missing:
-        if opt_in == "1":
-            raise HarnessConfigError(f"{LAUNCHED_ENV}=1 but {', '.join(missing)} unset")
+        if opt_in:
+            raise HarnessConfigError(
+                f"{LAUNCHED_ENV}={env_text(LAUNCHED_ENV)} but {', '.join(missing)} unset"
+            )
         return None
     try:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        return int(env_text("RANK")), int(env_text("WORLD_SIZE"))
     except ValueError:
         raise HarnessConfigError(
-            f"RANK={os.environ['RANK']!r} and WORLD_SIZE={os.environ['WORLD_SIZE']!r} "
+            f"RANK={env_text('RANK')!r} and WORLD_SIZE={env_text('WORLD_SIZE')!r} "
             "must be integers"
         ) from None
 
@@ -304,8 +373,7 @@ def machine_cores() -> int:
 def core_budget() -> int:
     """The cores this process's tests may use: CORE_BUDGET_ENV (set by `-j` for each worker's
     test, its share of the machine), else the machine's."""
-    value = os.environ.get(CORE_BUDGET_ENV, "")
-    return int(value) if value.isdigit() and int(value) > 0 else machine_cores()
+    return env_int(CORE_BUDGET_ENV, 1) or machine_cores()
 
 
 def intra_op_threads(world_size: int) -> int:

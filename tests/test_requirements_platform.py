@@ -1,7 +1,8 @@
-"""harness.platform_skips (and the decorators and context managers of harness.network,
-harness.test_helpers, harness.kit.mock_pg, harness.kit.checkpoint, harness.device_type that
-upstream files import with them): outcomes and reasons as upstream's, per test id, on the same
-file; the logic for hardware this machine lacks with the device query patched."""
+"""harness.requirements.platform (and the decorators and context managers of
+harness.upstream.network, harness.upstream.test_helpers, harness.kit.mock_pg,
+harness.kit.checkpoint, harness.single_process.device_type that upstream files import with them):
+outcomes and reasons as upstream's, per test id, on the same file; the logic for hardware this
+machine lacks with the device query patched."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from unittest import mock
 import pytest
 import torch
 
-from harness import platform_skips
+from harness.requirements import platform
 from tests.differential import both
 
 DECORATED = '''
@@ -301,82 +302,82 @@ class PresentDeviceLogicTest(unittest.TestCase):
     """Decorators for hardware this machine lacks, with the device query patched."""
 
     def test_nccl_version_on_a_cuda_machine(self) -> None:
-        with (mock.patch.object(platform_skips, "cuda_available", return_value=True),
-              mock.patch.object(platform_skips.dist, "is_nccl_available", return_value=True),
-              mock.patch.object(platform_skips, "nccl_version", return_value=(2, 21, 5))):
+        with (mock.patch.object(platform, "cuda_available", return_value=True),
+              mock.patch.object(platform.dist, "is_nccl_available", return_value=True),
+              mock.patch.object(platform, "nccl_version", return_value=(2, 21, 5))):
             self.assertEqual(
-                _outcome(platform_skips.requires_nccl_version((2, 27), "shrink")(_test())),
+                _outcome(platform.requires_nccl_version((2, 27), "shrink")(_test())),
                 "Requires NCCL version greater than or equal to: (2, 27), found: (2, 21, 5), "
                 "reason: shrink")
             self.assertEqual(
-                _outcome(platform_skips.requires_nccl_version((2, 20), "old")(_test())), "pass")
-        with (mock.patch.object(platform_skips, "cuda_available", return_value=True),
-              mock.patch.object(platform_skips.dist, "is_nccl_available", return_value=False)):
-            self.assertEqual(_outcome(platform_skips.requires_nccl_shrink()(_test())),
+                _outcome(platform.requires_nccl_version((2, 20), "old")(_test())), "pass")
+        with (mock.patch.object(platform, "cuda_available", return_value=True),
+              mock.patch.object(platform.dist, "is_nccl_available", return_value=False)):
+            self.assertEqual(_outcome(platform.requires_nccl_shrink()(_test())),
                              "c10d was not compiled with the NCCL backend")
 
     def test_p2p_and_multicast_on_a_cuda_machine(self) -> None:
-        with (mock.patch.object(platform_skips, "cuda_available", return_value=True),
-              mock.patch.object(platform_skips, "peer_access_ok", return_value=True)):
-            self.assertEqual(_outcome(platform_skips.requires_cuda_p2p_access()(_test())), "pass")
-        with (mock.patch.object(platform_skips, "cuda_device_count", return_value=4),
+        with (mock.patch.object(platform, "cuda_available", return_value=True),
+              mock.patch.object(platform, "peer_access_ok", return_value=True)):
+            self.assertEqual(_outcome(platform.requires_cuda_p2p_access()(_test())), "pass")
+        with (mock.patch.object(platform, "cuda_device_count", return_value=4),
               mock.patch.object(torch.cuda, "get_device_capability", return_value=(9, 0)),
               mock.patch.object(torch.cuda, "can_device_access_peer",
                                 side_effect=lambda i, j: (i, j) != (1, 3))):
-            self.assertFalse(platform_skips.peer_access_ok())
-        with mock.patch.object(platform_skips, "multicast_supported", return_value=True):
-            self.assertEqual(_outcome(platform_skips.requires_multicast_support()(_test())), "pass")
+            self.assertFalse(platform.peer_access_ok())
+        with mock.patch.object(platform, "multicast_supported", return_value=True):
+            self.assertEqual(_outcome(platform.requires_multicast_support()(_test())), "pass")
 
     def test_sm_level(self) -> None:
         cuda = torch.device("cuda", 0)
-        with mock.patch.object(platform_skips, "device_capability", return_value=(9, 0)):
-            self.assertTrue(platform_skips.sm_is_or_higher_than(cuda, 8, 0))
-            self.assertTrue(platform_skips.sm_is_or_higher_than(cuda, 9, 0))
-            self.assertFalse(platform_skips.sm_is_or_higher_than(cuda, 10, 0))
+        with mock.patch.object(platform, "device_capability", return_value=(9, 0)):
+            self.assertTrue(platform.sm_is_or_higher_than(cuda, 8, 0))
+            self.assertTrue(platform.sm_is_or_higher_than(cuda, 9, 0))
+            self.assertFalse(platform.sm_is_or_higher_than(cuda, 10, 0))
             with mock.patch.object(torch.version, "hip", "6.2.0"):
-                self.assertFalse(platform_skips.sm_is_or_higher_than(cuda, 8, 0))
-        self.assertTrue(platform_skips.sm_is_or_higher_than(torch.device("cpu"), 99, 0))
+                self.assertFalse(platform.sm_is_or_higher_than(cuda, 8, 0))
+        self.assertTrue(platform.sm_is_or_higher_than(torch.device("cpu"), 99, 0))
 
     def test_rocm_architectures(self) -> None:
-        with (mock.patch.object(platform_skips.flags, "TEST_WITH_ROCM", True),
+        with (mock.patch.object(platform.flags, "TEST_WITH_ROCM", True),
               mock.patch.object(torch.version, "hip", "6.2.41133-abc"),
-              mock.patch.object(platform_skips, "rocm_arch_name",
+              mock.patch.object(platform, "rocm_arch_name",
                                 return_value="gfx942:sramecc+:xnack-")):
-            self.assertEqual(_outcome(platform_skips.skipIfRocmArch(("gfx942",))(_test())),
+            self.assertEqual(_outcome(platform.skipIfRocmArch(("gfx942",))(_test())),
                              "skipIfRocm: test skipped on ('gfx942',)")
-            self.assertEqual(_outcome(platform_skips.skipIfRocmArch(("gfx90a",))(_test())), "pass")
-            self.assertEqual(_outcome(platform_skips.runOnRocmArch(("gfx90a",))(_test())),
+            self.assertEqual(_outcome(platform.skipIfRocmArch(("gfx90a",))(_test())), "pass")
+            self.assertEqual(_outcome(platform.runOnRocmArch(("gfx90a",))(_test())),
                              "skipIfRocm: test only runs on ('gfx90a',)")
             self.assertEqual(
-                _outcome(platform_skips.skip_if_rocm_arch_multiprocess(("gfx942",))(_test())),
+                _outcome(platform.skip_if_rocm_arch_multiprocess(("gfx942",))(_test())),
                 "skip_if_rocm_arch_multiprocess: test skipped on ('gfx942',)")
             self.assertEqual(
-                _outcome(platform_skips.skip_if_rocm_ver_lessthan_multiprocess((7, 0))(_test())),
+                _outcome(platform.skip_if_rocm_ver_lessthan_multiprocess((7, 0))(_test())),
                 "skip_if_rocm_ver_lessthan_multiprocess: ROCm (6, 2, 41133) is available but "
                 "(7, 0) required")
             self.assertEqual(
-                _outcome(platform_skips.skipIfRocmVersionLessThan((7, 0))(_test())),
+                _outcome(platform.skipIfRocmVersionLessThan((7, 0))(_test())),
                 "ROCm version less than (7, 0) required")
             self.assertEqual(
-                _outcome(platform_skips.skipIfRocmVersionLessThan((6, 1))(_test())), "pass")
+                _outcome(platform.skipIfRocmVersionLessThan((6, 1))(_test())), "pass")
 
     def test_gpu_counts(self) -> None:
-        with mock.patch.object(platform_skips, "cuda_device_count", return_value=2):
+        with mock.patch.object(platform, "cuda_device_count", return_value=2):
             self.assertEqual(
-                _outcome(platform_skips.require_n_gpus_for_nccl_backend(4, "nccl")(_test())),
+                _outcome(platform.require_n_gpus_for_nccl_backend(4, "nccl")(_test())),
                 "Need at least 4 CUDA devices")
             self.assertEqual(
-                _outcome(platform_skips.require_n_gpus_for_nccl_backend(2, "nccl")(_test())),
+                _outcome(platform.require_n_gpus_for_nccl_backend(2, "nccl")(_test())),
                 "pass")
-            self.assertEqual(_outcome(platform_skips.requires_world_size(2)(_test())), "pass")
+            self.assertEqual(_outcome(platform.requires_world_size(2)(_test())), "pass")
         self.assertEqual(
-            _outcome(platform_skips.require_n_gpus_for_nccl_backend(4, "gloo")(_test())), "pass")
+            _outcome(platform.require_n_gpus_for_nccl_backend(4, "gloo")(_test())), "pass")
 
     def test_dynamo_switch(self) -> None:
-        with mock.patch.object(platform_skips, "TEST_WITH_TORCHDYNAMO", True):
-            self.assertEqual(_outcome(platform_skips.skipIfTorchDynamo("no")(_test())), "no")
+        with mock.patch.object(platform, "TEST_WITH_TORCHDYNAMO", True):
+            self.assertEqual(_outcome(platform.skipIfTorchDynamo("no")(_test())), "no")
         with self.assertRaisesRegex(AssertionError, "skipIfTorchDynamo correctly"):
-            platform_skips.skipIfTorchDynamo(_test())  # type: ignore[arg-type]
+            platform.skipIfTorchDynamo(_test())  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""harness.world_size: how many ranks a test runs with, for every base; upstream's defaults."""
+"""harness.requirements.world_size: how many ranks a test runs with, for every base; upstream's
+defaults."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from harness import (
 )
 from harness.launch.context import RankContext
 from harness.outcome.rank_record import RankRecord, RecordSink, ReportingResult
-from harness.world_size import fix_world_size, world_size_of
+from harness.requirements.world_size import fix_world_size, world_size_of
 from tests.fixtures import upstream_diff
 from tests.fixtures import world_size_cases as cases
 

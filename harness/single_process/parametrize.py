@@ -1,18 +1,17 @@
 """Test generation from parameter lists, and subtest grids inside one test.
 
 `parametrize` marks a test function; `instantiate_parametrized_tests` (or
-`instantiate_device_type_tests`, harness/device_type.py) replaces it with one method per
-combination. The generated names are exactly upstream's (PyTorch's common_utils), so a
-migrated file keeps its test ids, skip lists and `-k` filters: ints, floats, strs and
-bools as `name_value` ('.' -> '_'), dtypes by short name, devices as str, anything else
-as `name<index>`; a `subtest` name or `name_fn` wins; stacked decorators join their
-parts top first.
+`instantiate_device_type_tests`, harness/single_process/device_type.py) replaces it with one method
+per combination. The generated names are exactly upstream's (PyTorch's common_utils), so a migrated
+file keeps its test ids, skip lists and `-k` filters: ints, floats, strs and bools as `name_value`
+('.' -> '_'), dtypes by short name, devices as str, anything else as `name<index>`; a `subtest` name
+or `name_fn` wins; stacked decorators join their parts top first.
 
 The mark is upstream's protocol: a `parametrize_fn(test, generic_cls, device_cls)`
 attribute yielding `(test, name_suffix, param_kwargs, decorator_fn)` per variant, composed
 as a product when decorators stack, so every parametrizer (parametrize, dtypes) composes.
 
-Subtest grids inside one test (`run_subtests`) live in harness/subtests.py.
+Subtest grids inside one test (`run_subtests`) live in harness/single_process/subtests.py.
 """
 
 from __future__ import annotations

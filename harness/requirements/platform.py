@@ -21,13 +21,22 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from harness import flags
-from harness.skips import TEST_SKIPS, TEST_XPU, lazy_skip_if, skip_but_pass_in_sandcastle_if
+from harness import settings
+from harness.compat import unittest_internals
+from harness.requirements import flags
+from harness.requirements.decorators import (
+    TEST_SKIPS,
+    TEST_XPU,
+    AcceleratorRequirement,
+    lazy_skip_if,
+    requires,
+    skip_but_pass_in_sandcastle_if,
+)
 
 __all__ = [
     "TEST_WITH_TORCHDYNAMO", "get_required_world_size", "import_transformers_or_skip",
     "require_n_gpus_for_nccl_backend", "requires_cuda", "requires_cuda_and_triton",
-    "requires_cuda_p2p_access", "requires_gpu", "requires_multicast_support",
+    "requires_cuda_p2p_access", "requires_gpu", "requires_multicast_support", "requires_nccl",
     "requires_nccl_shrink", "requires_nccl_version", "requires_triton", "requires_ucc",
     "requires_world_size", "runOnRocmArch", "skipIfRocmArch", "skipIfRocmVersionLessThan",
     "skipIfTorchDynamo", "skipIfXpu", "skip_but_pass_in_sandcastle",
@@ -38,11 +47,7 @@ __all__ = [
 ]
 
 
-def _env_on(name: str) -> bool:
-    return os.environ.get(name) == "1"
-
-
-TEST_WITH_TORCHDYNAMO = any(_env_on(name) for name in (
+TEST_WITH_TORCHDYNAMO = any(settings.upstream_flag(name) for name in (
     "PYTORCH_TEST_WITH_DYNAMO", "PYTORCH_TEST_WITH_INDUCTOR", "PYTORCH_TEST_WITH_AOT_EAGER"))
 
 # ------------------------------------------------------------------ the machine's answers
@@ -175,6 +180,14 @@ def skip_but_pass_in_sandcastle(reason: str) -> Callable[[Any], Any]:
 # ------------------------------------------------------------------ common_distributed
 
 
+def requires_nccl() -> Callable[[Any], Any]:
+    """Skip unless torch was built with the NCCL backend: an accelerator requirement
+    (harness/requirements/decorators.py), met on CPU where the CPU stands in."""
+    return requires(AcceleratorRequirement(
+        0, backends=("nccl",), message="c10d was not compiled with the NCCL backend"
+    ))
+
+
 def requires_nccl_version(version: Tuple[int, ...], msg: str) -> Callable[[Any], Any]:
     """Where CUDA exists, skip unless NCCL is compiled in and at least `version`. Without
     CUDA it changes nothing (as upstream: the test's other requirements decide)."""
@@ -277,7 +290,7 @@ def requires_world_size(n: int) -> Callable[[Callable], Callable]:
 def get_required_world_size(obj: Any, default: int) -> int:
     """The world size the running test asked for with requires_world_size, else `default`."""
     try:
-        return int(getattr(obj, obj._testMethodName)._required_world_size)
+        return int(getattr(obj, unittest_internals.method_name(obj))._required_world_size)
     except Exception:  # noqa: BLE001 - upstream's rule: anything missing means the default
         return default
 

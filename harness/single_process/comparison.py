@@ -1,13 +1,12 @@
 """assertEqual's comparison engine: upstream's verdicts and upstream's failure messages.
 
-Why its own module: TestCase (harness/testcase.py) only formats the failure; what "equal"
-means for tensors, numbers, containers and other objects, and what a mismatch says, is here.
-The rules and texts are those of upstream's common_utils.TestCase.assertEqual (a differential
-test in tests/test_testcase.py holds them to it): tensors by value with dtype-based tolerances
-("Tensor-likes are not close!"), numbers with float32's tolerances for Python floats
-("Scalars are not equal!" / "Scalars are not close!"), containers elementwise (a mismatch
-ends with "The failure occurred for item [..]"), and `precision` / `rel_tol` as lower bounds
-of the tolerances.
+Why its own module: TestCase (harness/single_process/testcase.py) only formats the failure; what
+"equal" means for tensors, numbers, containers and other objects, and what a mismatch says, is here.
+The rules and texts are those of upstream's common_utils.TestCase.assertEqual (a differential test
+in tests/test_testcase.py holds them to it): tensors by value with dtype-based tolerances
+("Tensor-likes are not close!"), numbers with float32's tolerances for Python floats ("Scalars are
+not equal!" / "Scalars are not close!"), containers elementwise (a mismatch ends with "The failure
+occurred for item [..]"), and `precision` / `rel_tol` as lower bounds of the tolerances.
 """
 
 from __future__ import annotations

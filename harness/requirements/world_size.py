@@ -2,7 +2,7 @@
 
 A class's own `world_size` (an int or a property, often computed from a device count), else
 the base's default (`BaseWorldSize`: HARNESS_WORLD_SIZE, else upstream's default for that
-base, harness/devices.py `base_world_size`). When the CPU stands in for the accelerators a
+base, harness/settings.py `base_world_size`). When the CPU stands in for the accelerators a
 test's requirements ask for (`skip_if_lt_x_gpu(n)` and the like, on a machine without any,
 under HARNESS_ALLOW_CPU=1 or the test's own `allow_cpu=True`), the test runs with
 max(that number, n) ranks: written for n GPUs, it was never meant to run with fewer ranks,
@@ -20,19 +20,19 @@ from __future__ import annotations
 import unittest
 from typing import Any, Optional
 
-from harness import devices
-from harness.skips import cpu_gate
+from harness import settings
+from harness.requirements.decorators import cpu_gate
 
 
 class BaseWorldSize:
     """A base's `world_size` until its class sets one, read when used (at class level too, as
-    upstream's class attributes are): `devices.base_world_size(per_device, launched)`."""
+    upstream's class attributes are): `settings.base_world_size(per_device, launched)`."""
 
     def __init__(self, per_device: bool = False, launched: bool = False) -> None:
         self.per_device, self.launched = per_device, launched
 
     def __get__(self, obj: Any, owner: Any = None) -> int:
-        return devices.base_world_size(self.per_device, self.launched)
+        return settings.base_world_size(self.per_device, self.launched)
 
 
 class FixedWorldSize:
