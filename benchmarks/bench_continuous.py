@@ -39,8 +39,8 @@ from torch.testing._internal.common_distributed import (
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from harness.process import forkserver, leaks  # noqa: E402
-from harness.process.case import MultiProcessTestCase  # noqa: E402
 from harness.process.continuous import MultiProcContinuousTest  # noqa: E402
+from harness.process.multiprocess_case import MultiProcessTestCase  # noqa: E402
 
 logging.getLogger("torch.testing._internal.common_distributed").setLevel(logging.WARNING)
 MAX_TESTS = 200

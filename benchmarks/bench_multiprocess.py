@@ -33,7 +33,7 @@ from torch.testing._internal.common_distributed import (
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness.process.case import MultiProcessTestCase  # noqa: E402
+from harness.process.multiprocess_case import MultiProcessTestCase  # noqa: E402
 
 MEMORY_DIR_ENV = "BENCH_MEMORY_DIR"
 logging.getLogger("torch.testing._internal.common_distributed").setLevel(logging.WARNING)

@@ -1,6 +1,6 @@
 """A unittest-based multi-rank test harness for PyTorch, on public torch APIs.
 
-Every public name is importable from here (`from harness import FSDPTest`); the README's
+Every public name is importable from here (`from harness import FSDPTest`); CONTRIBUTING.md's
 module map says where each one lives. Names are looked up on first use (PEP 562), so that
 importing one submodule, or one name, imports only what it needs: the outcome model and
 run_all's command line load without torch and the kits.
@@ -165,7 +165,7 @@ _HOMES: Dict[str, Tuple[str, ...]] = {
         "FusionEmbedding", "FusionEmbeddingWithHook", "FusionEmbeddingWithModifier",
         "VerifyStateDictMixin",
     ),
-    "harness.process.case": (
+    "harness.process.multiprocess_case": (
         "MAIN_PROCESS_RANK", "DistributedTestBase", "MultiProcessTestCase",
     ),
     "harness.process.continuous": (

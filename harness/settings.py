@@ -287,7 +287,7 @@ def test_timeout(case: Any) -> float:
     else:
         timeout = default_timeout()
     # A runner that must see the harness's report before its own limit (pytest-timeout's)
-    # caps it (harness/launch/case.py, RankedTestCase.deadline).
+    # caps it (harness/launch/ranked_case.py, RankedTestCase.deadline).
     cap = getattr(case, "timeout_cap", None)
     return timeout if cap is None else min(timeout, cap)
 

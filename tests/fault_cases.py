@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from harness import settings
 from harness.kit.fsdp import FSDPTest
-from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
+from harness.process.multiprocess_case import MultiProcessTestCase
 from harness.requirements.decorators import TEST_SKIPS, skip_if_lt_x_gpu
 
 FAULT_DIR_ENV = "HARNESS_FAULT_DIR"

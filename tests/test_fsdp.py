@@ -23,7 +23,7 @@ from harness import settings
 from harness.kit.fsdp import FSDPTest
 from harness.kit.fsdp_helpers import get_full_params
 from harness.kit.models import DEVICEInitMode, FSDPInitMode, NestedWrappedModule
-from harness.process.case import MAIN_PROCESS_RANK
+from harness.process.multiprocess_case import MAIN_PROCESS_RANK
 from harness.requirements.decorators import skip_if_lt_x_gpu
 from harness.single_process.parametrize import instantiate_parametrized_tests, parametrize
 

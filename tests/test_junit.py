@@ -84,8 +84,8 @@ class GridPointsInXml(unittest.TestCase):
 def _canned_ranks() -> type:
     """A multi-rank case whose launcher hands back records written here: rank 1 failed grid
     point n=2 (made here so that no loader collects it)."""
-    from harness.launch.case import RankedTestCase
     from harness.launch.launcher import Launcher
+    from harness.launch.ranked_case import RankedTestCase
     from harness.outcome.rank_record import Event, RankRecord
     from tests.fixtures.events import rank_failure
 

@@ -14,11 +14,11 @@ import unittest
 from typing import Any, List, Optional, Tuple
 from unittest import mock
 
-from harness.launch.case import SUPERVISOR_RANK, RankedTestCase, timeout_before
 from harness.launch.context import RankContext
 from harness.launch.in_process import SimulatedRanks, run_rank_here
 from harness.launch.job import Job
 from harness.launch.launcher import Launcher, RankSetup
+from harness.launch.ranked_case import SUPERVISOR_RANK, RankedTestCase, timeout_before
 from harness.outcome.rank_record import Event, RankRecord, RecordSink, ReportingResult
 from harness.requirements.decorators import skip_if_lt_x_gpu
 from harness.settings import HarnessConfigError
@@ -133,7 +133,7 @@ class NewModeNeedsOnlyALauncher(unittest.TestCase):
 
         records = [finished(0, Event("success")), finished(1, Event("success"))]
         with mock.patch("harness.single_process.testcase.check_case_requirements", count), \
-                mock.patch("harness.launch.case.check_case_requirements", count):
+                mock.patch("harness.launch.ranked_case.check_case_requirements", count):
             result, _ = run(records)
             self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
             self.assertEqual(len(checked), 1)

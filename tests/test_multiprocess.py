@@ -27,7 +27,7 @@ from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import RankRecord, RecordSink, ReportingResult
 from harness.process import torchrun
-from harness.process.case import DistributedTestBase, MultiProcessTestCase
+from harness.process.multiprocess_case import DistributedTestBase, MultiProcessTestCase
 from harness.process.supervisor import RankGroup
 from harness.requirements.decorators import TEST_SKIPS, skip_if_no_gpu
 from harness.settings import HarnessConfigError
@@ -407,7 +407,7 @@ SCRIPT_SUITE = """
 import os
 import unittest
 
-from harness.process.case import MultiProcessTestCase
+from harness.process.multiprocess_case import MultiProcessTestCase
 
 IMPORTED_BY = os.getpid()
 

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
+from harness import settings
+from harness.outcome.report import ERROR, FAILED, Outcome, RankReport, TestReport
+from harness.pytest_plugin import run
+from harness.pytest_plugin.call import FunctionCall
 from tests.fixtures import user_pytest_env
-
-pytestmark = pytest.mark.slow
 
 COUNTING_CONFTEST = '''
 import os
@@ -84,6 +88,7 @@ class TestShape(harness.DistributedTest):
 '''
 
 
+@pytest.mark.slow
 def test_no_unittest_case_in_the_pytest_process(tmp_path: Path) -> None:
     (tmp_path / "conftest.py").write_text(COUNTING_CONFTEST)
     (tmp_path / "test_ranked.py").write_text(RANKED)
@@ -99,3 +104,51 @@ def test_no_unittest_case_in_the_pytest_process(tmp_path: Path) -> None:
     assert ("FAILED test_ranked.py::test_fails_on_rank_one - rank 1: AssertionError: rank one "
             "disagrees") in done.stdout
     assert out.read_text() == "", f"unittest cases made in the pytest process: {out.read_text()}"
+
+
+def test_the_marker_timeout_else_the_default_capped_before_a_runners_deadline() -> None:
+    assert run._test_timeout(12.0, None) == 12.0
+    assert run._test_timeout(None, None) == settings.default_timeout()
+    capped = run._test_timeout(600.0, time.monotonic() + 20.0)  # pytest-timeout's 20 s
+    assert 10.0 <= capped < 20.0
+    with mock.patch.dict("os.environ", {settings.DEBUG_RANK_ENV: "0"}):
+        assert run._test_timeout(12.0, time.monotonic() + 20.0) == settings.DEBUG_TIMEOUT_S
+
+
+def test_the_exception_says_failure_or_error_and_carries_the_report() -> None:
+    lead = RankReport("rank 1", "ValueError: x", [], [], exc_class=("builtins", "ValueError"))
+    failed = TestReport("t", status=FAILED, own=Outcome(FAILED, "m", "detail", "", lead))
+    raised = run.raised_for(failed)
+    assert type(raised) is run.RanksFailed and isinstance(raised, AssertionError)
+    assert raised.report is failed and raised.lead is lead and str(raised) == "detail"
+    erred = TestReport("t", status=ERROR, own=Outcome(ERROR, "m", "detail", "", lead))
+    assert isinstance(run.raised_for(erred), run.RanksErred)
+
+
+def test_a_failed_test_retires_its_shared_set_and_a_passed_one_keeps_it() -> None:
+    class Canned:
+        def __init__(self, report: TestReport) -> None:
+            self.report = report
+
+        def start(self, job: object) -> None:
+            self.job = job
+
+        def join(self, job: object) -> tuple:
+            return [], None
+
+        def close(self) -> None:
+            pass
+
+    call = FunctionCall(test_id="t.py::test_x", module="t", qualname="test_x", argnames=())
+    for status, stopped in ((FAILED, ["key"]), ("passed", [])):
+        verdict = TestReport("t.py::test_x", status=status, own=Outcome(status))
+        launcher = Canned(verdict)
+        with mock.patch.object(run, "_launcher", return_value=launcher), \
+                mock.patch.object(run, "decide", return_value=verdict), \
+                mock.patch.object(run.shared.OPEN_RANKS, "stop") as stop:
+            outcome = run.run_on_ranks(call, "shared", 2, 5.0, None, "key")
+        assert outcome.report is verdict
+        assert [c.args[0] for c in stop.call_args_list] == stopped
+        job = launcher.job
+        assert (job.module, job.qualname, job.inputs, job.shared_key, job.world_size) == (
+            "harness.pytest_plugin.rank_program", "SharedFunction", call, "key", 2)

@@ -30,8 +30,8 @@ from harness.compat import local_tensor as compat_local_tensor
 from harness.compat.local_tensor import tree_flatten, tree_unflatten
 from harness.launch.in_process import SimulatedRanks
 from harness.launch.launcher import Launcher
-from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest
+from harness.process.multiprocess_case import MultiProcessTestCase
 from harness.requirements.decorators import TEST_SKIPS, accelerators_suffice, skip_if_lt_x_gpu
 from harness.single_process.testcase import TestCase
 from harness.threads.multithreaded_case import MultiThreadedTestCase

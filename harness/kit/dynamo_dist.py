@@ -17,7 +17,7 @@ import torch.distributed as dist
 from harness import settings
 from harness.compat.dynamo import reset_dynamo, test_config
 from harness.kit.fake_pg import FakeStore
-from harness.process.case import DistributedTestBase
+from harness.process.multiprocess_case import DistributedTestBase
 from harness.single_process.testcase import TestCase
 
 __all__ = [

@@ -34,8 +34,8 @@ from harness.compat import fsdp1
 from harness.compat import local_tensor as compat_local_tensor
 from harness.kit.fsdp_helpers import _zero_model, get_full_params
 from harness.kit.models import DEVICEInitMode, FSDPInitMode, fsdp_kwargs_for_device
-from harness.process.case import MultiProcessTestCase
 from harness.process.continuous import MultiProcContinuousTest, class_device_type
+from harness.process.multiprocess_case import MultiProcessTestCase
 from harness.process.rank import destroy_default_group
 from harness.requirements.decorators import require_accelerator_per_rank
 from harness.requirements.world_size import BaseWorldSize

@@ -28,7 +28,7 @@ from harness.compat.sharding import (
     ShardMetadata,
     sharded_tensor,
 )
-from harness.process.case import MultiProcessTestCase
+from harness.process.multiprocess_case import MultiProcessTestCase
 from harness.requirements.decorators import TEST_SKIPS
 from harness.upstream.network import tp_transports
 

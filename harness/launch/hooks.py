@@ -4,7 +4,7 @@ by public name.
 A launcher (harness/launch/launcher.py) knows nothing of a base's process groups, devices or
 barriers; it makes an instance of the job's class in the rank and calls these hooks at fixed
 points. Two kinds of class implement them: the unittest bases (a test class's own instance,
-harness/launch/case.py, whose unittest run calls its `rank_set_up`/`rank_tear_down` in place
+harness/launch/ranked_case.py, whose unittest run calls its `rank_set_up`/`rank_tear_down` in place
 of setUp and tearDown) and a front end's rank programs, which run without unittest
 (harness/pytest_plugin/rank_program.py). Every hook has a default in the base that declares
 it, so a base overrides only what its ranks need, and a suite may override one too.

@@ -1,6 +1,6 @@
 """The one interface every way of running ranks implements.
 
-A front end (a unittest class's supervising case, harness/launch/case.py; the pytest
+A front end (a unittest class's supervising case, harness/launch/ranked_case.py; the pytest
 plugin, harness/pytest_plugin/run.py) does not know how its ranks run: it hands its launcher
 a Job (harness/launch/job.py), asks it to `start` the ranks, to `join` them, and to `close`
 whatever is left. Each mode (fresh processes, shared processes, threads, torchrun, ranks

@@ -1,6 +1,6 @@
 """Where a multi-rank test's method runs: the supervisor joins the ranks, a rank runs the body.
 
-A multi-rank test exists twice (harness/launch/case.py): the instance the runner holds, which
+A multi-rank test exists twice (harness/launch/ranked_case.py): the instance the runner holds, which
 has no `rank_context`, and one instance per rank, which its launcher gave one. The same test
 method must do different things in each, so the case routes it here once, when built.
 """

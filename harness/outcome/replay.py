@@ -1,7 +1,7 @@
 """A TestReport replayed into unittest's result API: the adapter for runners that know only
 unittest's events (plain unittest runners, pytest).
 
-The supervising case of a multi-rank test (harness/launch/case.py) hands its report to a
+The supervising case of a multi-rank test (harness/launch/ranked_case.py) hands its report to a
 result that takes it (`add_report`, fold.py) and then replays it here: every grid point
 becomes the case's subTest with its params (failing points reported one by one), then the
 case fails, errs or skips as the test itself did. The harness's own reporters read the

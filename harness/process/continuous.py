@@ -29,8 +29,8 @@ from harness.compat import distributed
 from harness.compat import local_tensor as compat_local_tensor
 from harness.launch.launcher import Launcher
 from harness.process import shared as shared_ranks
-from harness.process.case import MultiProcessTestCase
 from harness.process.launchers import SharedProcesses, process_launcher
+from harness.process.multiprocess_case import MultiProcessTestCase
 from harness.requirements.world_size import BaseWorldSize
 
 

@@ -35,11 +35,11 @@ import pytest
 
 from harness import settings
 from harness.compat import pytest_internals
-from harness.launch.case import RankedTestCase
+from harness.launch.ranked_case import RankedTestCase
 from harness.outcome.replay import rank_report
 from harness.outcome.report import RankReport
 from harness.process import assert_rewrite, forkserver, shared
-from harness.process.case import MultiProcessTestCase
+from harness.process.multiprocess_case import MultiProcessTestCase
 from harness.pytest_plugin import deepspeed, fixtures, functions, leases, pool, stash
 from harness.pytest_plugin import report as report_layout
 from harness.pytest_plugin.run import RanksFailed

@@ -23,7 +23,7 @@ import pytest
 
 from harness import settings
 from harness.compat import pytest_internals
-from harness.launch.case import RankedTestCase
+from harness.launch.ranked_case import RankedTestCase
 from harness.outcome.report import SKIPPED
 from harness.process import forkserver, shared
 from harness.pytest_plugin import deepspeed, leases, rank_program, report, stash

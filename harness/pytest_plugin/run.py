@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Hashable, List, Optional, Tuple
 
 from harness import settings
-from harness.launch.case import timeout_before
 from harness.launch.job import Job
 from harness.launch.launcher import Launcher
+from harness.launch.ranked_case import timeout_before
 from harness.outcome.merge import decide
 from harness.outcome.rank_record import RankRecord
 from harness.outcome.report import ERROR, RankReport, TestReport

@@ -36,7 +36,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from harness import settings
-from harness.launch.case import RankedTestCase
+from harness.launch.ranked_case import RankedTestCase
 from harness.outcome.fold import fold
 from harness.outcome.report import ERROR, Outcome, TestReport
 from harness.requirements.world_size import world_size_of

@@ -1,6 +1,6 @@
 """MultiThreadedTestCase: each test method runs in `world_size` threads of this process.
 
-The case the test runner holds supervises (harness/launch/case.py): its launcher,
+The case the test runner holds supervises (harness/launch/ranked_case.py): its launcher,
 ThreadRanks (harness/threads/launcher.py), starts one thread per rank, each running its own
 instance of the test with its own default process group on the `threaded` backend
 (harness/threads/backend.py), so subTest grids and skips work as in a single process; as
@@ -18,8 +18,8 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
-from harness.launch.case import SUPERVISOR_RANK, RankedTestCase
 from harness.launch.launcher import Launcher
+from harness.launch.ranked_case import SUPERVISOR_RANK, RankedTestCase
 from harness.threads import backend as threaded_pg
 from harness.threads.launcher import ThreadRanks
 

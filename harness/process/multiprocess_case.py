@@ -1,6 +1,6 @@
 """MultiProcessTestCase: every test runs once in each of `world_size` fresh rank processes.
 
-The supervising instance only supervises (harness/launch/case.py): its launcher
+The supervising instance only supervises (harness/launch/ranked_case.py): its launcher
 (harness/process/launchers.py) starts the ranks as forks of a forkserver that already has
 torch and the test module imported (harness/process/forkserver.py), so a rank starts in
 milliseconds instead of seconds; each rank (harness/process/rank.py) re-creates the test
@@ -20,9 +20,9 @@ import torch.distributed as dist
 
 from harness import settings
 from harness.compat import unittest_internals
-from harness.launch.case import SUPERVISOR_RANK, RankedTestCase, assign
 from harness.launch.context import RankContext
 from harness.launch.launcher import Launcher, RankSetup
+from harness.launch.ranked_case import SUPERVISOR_RANK, RankedTestCase, assign
 from harness.outcome.fold import with_own_problem
 from harness.outcome.merge import decide
 from harness.outcome.rank_record import RankRecord, raised_in_rank
