@@ -209,7 +209,7 @@ def _supervising(call, *args, **kwargs):
 
 
 def _in_rank(spec, *args, **kwargs):
-    _who.update(test=getattr(spec.inputs, "test_id", ""), who=str(spec.rank))
+    _who.update(test=getattr(spec.job.inputs, "test_id", ""), who=str(spec.rank))
 
 
 def _bootstrapping(process, *args, **kwargs):

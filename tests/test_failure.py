@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import sys
 import unittest
@@ -97,3 +98,27 @@ class MergedFromData(unittest.TestCase):
         records = [RankRecord(0, events=[consequence, Event("done")], exitcode=0, problem_at=1.0),
                    RankRecord(1, events=[cause, Event("done")], exitcode=0, problem_at=2.0)]
         self.assertEqual(decide(records, None).lead.label, "rank 1")
+
+
+class ExceptionLines(unittest.TestCase):
+    def test_a_syntax_error_is_its_own_line_not_its_location(self) -> None:
+        failure = caught(lambda: compile("x = (", "<cfg>", "exec"))
+        self.assertEqual(failure.exception, "SyntaxError: '(' was never closed")
+
+    @unittest.skipIf(sys.version_info < (3, 11), "exception groups are Python 3.11's")
+    def test_a_group_holds_its_exceptions_messages(self) -> None:
+        group = builtins.ExceptionGroup
+
+        def grouped() -> None:
+            raise group("two", [ValueError("a"), RuntimeError("Connection closed by peer")])
+
+        failure = caught(grouped)
+        self.assertEqual(failure.exception, "ExceptionGroup: two (2 sub-exceptions)")
+        self.assertIn("RuntimeError: Connection closed by peer", failure.messages)
+
+    def test_a_multi_line_message_keeps_every_line(self) -> None:
+        def explained() -> None:
+            raise AssertionError("assert 1 == 2\n    where 1 = f()")
+
+        self.assertEqual(caught(explained).exception,
+                         "AssertionError: assert 1 == 2\n    where 1 = f()")

@@ -16,9 +16,9 @@ from unittest import mock
 
 from harness.launch.context import RankContext
 from harness.launch.in_process import SimulatedRanks, run_rank_here
-from harness.launch.job import Job
+from harness.launch.job import Job, timeout_before
 from harness.launch.launcher import Launcher, RankSetup
-from harness.launch.ranked_case import SUPERVISOR_RANK, RankedTestCase, timeout_before
+from harness.launch.ranked_case import SUPERVISOR_RANK, RankedTestCase
 from harness.outcome.rank_record import Event, RankRecord, RecordSink, ReportingResult
 from harness.requirements.decorators import skip_if_lt_x_gpu
 from harness.settings import HarnessConfigError

@@ -13,6 +13,7 @@ from harness.outcome.collective_trace import CollectiveCall
 from harness.outcome.merge import OUTPUT_TAIL_LINES, decide, merge_subtests, output_section
 from harness.outcome.rank_record import Event, RankRecord, signal_name
 from harness.outcome.report import Outcome, PointReport, RankReport, TestReport
+from harness.outcome.stacks import Frame
 from harness.requirements.decorators import TEST_SKIPS
 from tests.fixtures.events import rank_failure
 
@@ -198,7 +199,8 @@ class CauseFirst(unittest.TestCase):
         records = [
             done(0, rank_failure(text=RESET), problem_at=1.0),
             RankRecord(rank=1, exitcode=-6, problem_at=2.0,
-                       stack='  File "/u/test_x.py", line 6, in test_x'),
+                       stack='  File "/u/test_x.py", line 6, in test_x',
+                       stack_frames=[Frame("/u/test_x.py", 6, "test_x")]),
         ]
         verdict = decide(records, None)
         head, body = verdict.own.detail.split("\n\n", 1)

@@ -10,14 +10,18 @@ from __future__ import annotations
 import sys
 import unittest
 from typing import Any, List
+from unittest import mock
 
 import pytest
+import torch
 import torch.distributed as dist
 
+from harness.compat import cpu_defaults
+from harness.launch.context import running_rank
 from harness.launch.in_process import run_rank_here
 from harness.launch.job import Job
 from harness.outcome.rank_record import RankRecord
-from harness.pytest_plugin import rank_program
+from harness.pytest_plugin import rank_program, run
 from harness.pytest_plugin.call import FunctionCall
 from harness.pytest_plugin.rank_program import FreshFunction, ThreadFunction
 
@@ -48,7 +52,7 @@ def exits_with_three() -> None:
     sys.exit(3)
 
 
-def run(name: str, argnames: tuple = (), program: type = FreshFunction) -> RankRecord:
+def run_function(name: str, argnames: tuple = (), program: type = FreshFunction) -> RankRecord:
     call = FunctionCall(test_id=f"t.py::{name}", module=__name__, qualname=name,
                         argnames=argnames, init=False)
     job = Job(test_id=call.test_id, module=rank_program.__name__, qualname=program.__name__,
@@ -64,12 +68,12 @@ def kinds(record: RankRecord) -> List[str]:
 class Outcomes(unittest.TestCase):
     def test_a_pass_gets_its_rank_fixtures(self) -> None:
         SEEN.clear()
-        record = run("passes", ("rank", "world_size"))
+        record = run_function("passes", ("rank", "world_size"))
         self.assertEqual(kinds(record), ["success", "done"])
         self.assertEqual(SEEN, [(1, 2)])
 
     def test_an_assertion_is_a_failure_with_its_data(self) -> None:
-        event = run("fails").events[0]
+        event = run_function("fails").events[0]
         self.assertEqual((event.kind, event.status), ("failure", ""))
         failure = event.failure
         assert failure is not None
@@ -78,18 +82,18 @@ class Outcomes(unittest.TestCase):
         self.assertEqual(failure.frames[-1].name, "fails")
 
     def test_another_exception_is_an_error(self) -> None:
-        event = run("errs").events[0]
+        event = run_function("errs").events[0]
         self.assertEqual((event.kind, event.status, event.failure.exception),
                          ("failure", "error", "KeyError: 'nope'"))
 
     def test_pytest_skip_is_the_ranks_skip(self) -> None:
-        record = run("skips")
+        record = run_function("skips")
         self.assertEqual([(e.kind, e.text) for e in record.events],
                          [("skip", "not here"), ("done", "")])
 
     def test_sys_exit_is_the_ranks_exit(self) -> None:
-        self.assertEqual(kinds(run("exits_cleanly")), ["success", "done"])
-        record = run("exits_with_three")
+        self.assertEqual(kinds(run_function("exits_cleanly")), ["success", "done"])
+        record = run_function("exits_with_three")
         self.assertEqual(record.test_exit_code(), 3)
         self.assertTrue(record.failed)
 
@@ -103,13 +107,61 @@ class Outcomes(unittest.TestCase):
 
         unittest.TestCase.__init__ = counting  # type: ignore[method-assign]
         try:
-            run("passes", ("rank", "world_size"))
-            run("fails")
+            run_function("passes", ("rank", "world_size"))
+            run_function("fails")
         finally:
             unittest.TestCase.__init__ = original  # type: ignore[method-assign]
         self.assertEqual(made, [])
 
     def test_a_thread_rank_without_init_leaves_no_group(self) -> None:
-        record = run("passes", ("rank", "world_size"), ThreadFunction)
+        record = run_function("passes", ("rank", "world_size"), ThreadFunction)
         self.assertEqual(kinds(record), ["success", "done"])
         self.assertFalse(dist.is_initialized())
+
+
+def draws(rank: int) -> None:
+    SEEN.append(torch.rand(1).item())
+
+
+def where_am_i() -> None:
+    SEEN.append((running_rank(), cpu_defaults._in_rank()))
+
+
+def checks_sparse_invariants() -> None:
+    SEEN.append(torch.sparse.check_sparse_tensor_invariants.is_enabled())
+
+
+def thread_call(name: str, argnames: tuple = ()) -> FunctionCall:
+    return FunctionCall(test_id=f"t.py::{name}", module=__name__, qualname=name,
+                        argnames=argnames, init=False)
+
+
+class ThreadRanksShareThisProcess(unittest.TestCase):
+    def test_seeded_once_whatever_the_process_drew_before(self) -> None:
+        SEEN.clear()
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            assert run.run_on_ranks(thread_call("draws", ("rank",)), "threads", 1, 10.0,
+                                    None).report.status == "passed"
+        self.assertEqual(SEEN[0], SEEN[1])
+
+    def test_the_process_state_is_a_tests_while_they_run_and_given_back(self) -> None:
+        SEEN.clear()
+        torch.sparse.check_sparse_tensor_invariants.disable()
+        outcome = run.run_on_ranks(thread_call("checks_sparse_invariants"), "threads", 1, 10.0,
+                                   None)
+        self.assertEqual((outcome.report.status, outcome.leaked), ("passed", None))
+        self.assertEqual(SEEN, [True])  # on for the test, as a class's setUp turns it on
+        self.assertFalse(torch.sparse.check_sparse_tensor_invariants.is_enabled())
+
+
+class TheRunningRank(unittest.TestCase):
+    def test_code_the_test_calls_finds_the_rank_it_runs_in(self) -> None:
+        SEEN.clear()
+        with mock.patch.object(cpu_defaults.decorators, "cpu_stands_in", return_value=True):
+            run_function("where_am_i")
+        (running, adapted), = SEEN
+        self.assertIsInstance(running, FreshFunction)
+        self.assertIs(adapted, running)
+        self.assertEqual(running.id(), "t.py::where_am_i")
+        self.assertIsNone(running_rank())  # only while the rank runs

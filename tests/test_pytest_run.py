@@ -107,12 +107,15 @@ def test_no_unittest_case_in_the_pytest_process(tmp_path: Path) -> None:
 
 
 def test_the_marker_timeout_else_the_default_capped_before_a_runners_deadline() -> None:
-    assert run._test_timeout(12.0, None) == 12.0
-    assert run._test_timeout(None, None) == settings.default_timeout()
-    capped = run._test_timeout(600.0, time.monotonic() + 20.0)  # pytest-timeout's 20 s
+    assert run._test_timeout(12.0) == 12.0
+    assert run._test_timeout(None) == settings.default_timeout()
+    assert run._capped(12.0, None) == 12.0
+    capped = run._capped(600.0, time.monotonic() + 20.0)  # pytest-timeout's 20 s
     assert 10.0 <= capped < 20.0
     with mock.patch.dict("os.environ", {settings.DEBUG_RANK_ENV: "0"}):
-        assert run._test_timeout(12.0, time.monotonic() + 20.0) == settings.DEBUG_TIMEOUT_S
+        assert run._test_timeout(12.0) == settings.DEBUG_TIMEOUT_S
+        assert run._capped(settings.DEBUG_TIMEOUT_S, time.monotonic() + 20.0) == (
+            settings.DEBUG_TIMEOUT_S)
 
 
 def test_the_exception_says_failure_or_error_and_carries_the_report() -> None:
@@ -120,9 +123,12 @@ def test_the_exception_says_failure_or_error_and_carries_the_report() -> None:
     failed = TestReport("t", status=FAILED, own=Outcome(FAILED, "m", "detail", "", lead))
     raised = run.raised_for(failed)
     assert type(raised) is run.RanksFailed and isinstance(raised, AssertionError)
+    assert not isinstance(raised, RuntimeError)
     assert raised.report is failed and raised.lead is lead and str(raised) == "detail"
     erred = TestReport("t", status=ERROR, own=Outcome(ERROR, "m", "detail", "", lead))
-    assert isinstance(run.raised_for(erred), run.RanksErred)
+    error = run.raised_for(erred)
+    assert isinstance(error, run.RanksErred) and isinstance(error, RuntimeError)
+    assert not isinstance(error, AssertionError)  # xfail(raises=AssertionError) does not hide it
 
 
 def test_a_failed_test_retires_its_shared_set_and_a_passed_one_keeps_it() -> None:
@@ -152,3 +158,20 @@ def test_a_failed_test_retires_its_shared_set_and_a_passed_one_keeps_it() -> Non
         job = launcher.job
         assert (job.module, job.qualname, job.inputs, job.shared_key, job.world_size) == (
             "harness.pytest_plugin.rank_program", "SharedFunction", call, "key", 2)
+
+
+def test_ranks_that_cannot_start_here_skip_the_test() -> None:
+    class Refuses:
+        def start(self, job: object) -> None:
+            import unittest
+
+            raise unittest.SkipTest("needs world size 2, torchrun launched 4 processes")
+
+        def close(self) -> None:
+            pass
+
+    call = FunctionCall(test_id="t.py::test_x", module="t", qualname="test_x", argnames=())
+    with mock.patch.object(run, "_launcher", return_value=Refuses()):
+        outcome = run.run_on_ranks(call, "fresh", 2, 5.0, None)
+    assert (outcome.report.status, outcome.report.message) == (
+        "skipped", "needs world size 2, torchrun launched 4 processes")

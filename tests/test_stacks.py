@@ -82,7 +82,7 @@ class Format(unittest.TestCase):
         internal = [Frame(f"{HARNESS}/outcome/merge.py", 1, "decide")]
         self.assertEqual(stacks.visible(internal), internal)
 
-    def test_traceback_text_is_cleaned_and_parsed(self) -> None:
+    def test_traceback_text_is_cleaned(self) -> None:
         text = (
             "Traceback (most recent call last):\n"
             f'  File "{HARNESS}/single_process/testcase.py", line 249, in join_or_run\n'
@@ -96,10 +96,6 @@ class Format(unittest.TestCase):
         cleaned = stacks.clean_traceback(text)
         self.assertNotIn("join_or_run", cleaned)
         self.assertIn(f'  File "{USER}", line 20, in test_x\n    self.assertEqual(a, b)', cleaned)
-        self.assertEqual(stacks.frames_in(text)[-1], Frame(USER, 20, "test_x"))
-        self.assertEqual(
-            stacks.exception_text(text), "AssertionError: 9.0 != 99.0\nwith a second line"
-        )
 
     def test_format_frames_adds_source_lines(self) -> None:
         here = os.path.abspath(__file__)

@@ -4,12 +4,13 @@ Tests written for GPUs lean on two accelerator defaults that torch refuses on a 
 one: FSDP1 (`FullyShardedDataParallel`) built without `device_id` takes the current accelerator
 (on CPU: "FSDP needs a non-CPU accelerator device"), and DDP takes `device_ids=[rank]` (on a CPU
 module: "device_ids ... only work with ... GPU modules"). `PROCESS_ADAPTATIONS.install()` gives
-each its CPU analog, and they apply only inside a rank (the running test on the call stack is a
-rank of a multi-rank test: a rank process, or a rank thread of MultiThreadedTestCase) and only
-while the CPU stands in for accelerators (HARNESS_ALLOW_CPU=1, none present). Rank processes
-install them when they start (harness/process/rank.py); thread ranks share the runner's process,
-which installs them before starting the threads (harness/requirements/decorators.py), and every
-other test of that process still gets torch's own behaviour. Neither analog changes what is
+each its CPU analog, and they apply only inside a rank (a launcher runs a rank in this thread:
+harness/launch/context.py `running_rank`, a rank process or a rank thread, of a test class or a
+marked pytest function) and only while the CPU stands in for accelerators (HARNESS_ALLOW_CPU=1,
+none present). Rank processes install them when they start (harness/process/rank.py); thread
+ranks share the runner's process, whose thread launcher installs them before starting the
+threads (harness/threads/launcher.py), and every other test of that process still gets torch's
+own behaviour. Neither analog changes what is
 computed: the module stays where its parameters are, on the CPU.
 
 Each adaptation, when it fires, writes one line to the rank's stderr (once per test) and
@@ -27,13 +28,13 @@ import shutil
 import sys
 import tempfile
 import threading
-import unittest
 from typing import Any, Dict, Iterator, Optional, Set, Tuple
 
 import torch
 import torch.distributed as dist
 
 from harness import settings
+from harness.launch.context import running_rank
 from harness.requirements import decorators
 
 LOG_ENV = "HARNESS_CPU_ADAPTATIONS"
@@ -76,7 +77,7 @@ class CpuAdaptations:
                 self.installed = True
         return True
 
-    def fired(self, key: str, case: unittest.TestCase) -> None:
+    def fired(self, key: str, case: Any) -> None:
         """Tell the test's output (once per test) and the run's adaptation log that `key`
         fired."""
         test_id = case.id()
@@ -97,23 +98,11 @@ class CpuAdaptations:
 PROCESS_ADAPTATIONS = CpuAdaptations()
 
 
-def _running_case() -> Optional[unittest.TestCase]:
-    """The test whose code is running: the nearest TestCase on the call stack."""
-    frame = inspect.currentframe()
-    while frame is not None:
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, unittest.TestCase):
-            return candidate
-        frame = frame.f_back
-    return None
-
-
-def _in_rank() -> Optional[unittest.TestCase]:
-    """The running test when it is a rank (process or thread) and the CPU stands in, else None."""
-    case = _running_case()
-    rank = getattr(case, "rank", None)
-    if isinstance(rank, int) and rank >= 0 and decorators.cpu_stands_in():
-        return case
+def _in_rank() -> Any:
+    """The instance running as this thread's rank when the CPU stands in, else None."""
+    running = running_rank()
+    if running is not None and decorators.cpu_stands_in():
+        return running
     return None
 
 

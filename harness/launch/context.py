@@ -1,14 +1,19 @@
-"""What a case learns when it runs as one rank: the explicit context its launcher hands it.
+"""What an instance learns when it runs as one rank: the explicit context its launcher hands it.
 
-A launcher builds one `RankContext` per rank and calls `case.attach_rank(context)` before
-running the case; the case and the code it calls (parametrize.run_subtests, the bases'
-cleanups) read it from `case.rank_context` instead of private attributes found by name.
+A launcher builds one `RankContext` per rank and calls `attach_rank(context)` on the instance
+that runs as the rank (a test class's, or a front end's rank program) before running it; the
+case and the code it calls (parametrize.run_subtests, the bases' cleanups) read it from
+`case.rank_context` instead of private attributes found by name. Code a test calls that is
+not handed the instance (compat/cpu_defaults.py's adaptations) asks `running_rank()`, which
+the launcher sets around the run (`running_as_rank`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Iterator
 
 from harness.outcome.rank_record import ReportingResult
 
@@ -26,8 +31,8 @@ class RankContext:
     `grid_sync(params, passed)` is called after every grid point and returns False when the
     ranks cannot stay in step (the rest of the grid is then abandoned); `init_method` and
     `file_name` are the test's rendezvous ("" where the mode has none); `inputs` is what the
-    supervising case sends every rank with the test (`RankedTestCase.rank_inputs`: a pytest
-    function's call and fixture values), None for a test class.
+    job sends every rank with the test (`Job.inputs`: a pytest function's call and fixture
+    values), None for a test class, whose ranks re-create everything from its name.
     """
 
     rank: int
@@ -48,3 +53,23 @@ class RankContext:
     def failed(self) -> bool:
         """Whether the test itself already failed in this rank (its peers may be out of step)."""
         return self.result.failed
+
+
+_RUNNING = threading.local()
+
+
+def running_rank() -> Any:
+    """The instance running as a rank in this thread (a test class's rank instance, a front
+    end's rank program: each has `id()`), else None."""
+    return getattr(_RUNNING, "instance", None)
+
+
+@contextlib.contextmanager
+def running_as_rank(instance: Any) -> Iterator[None]:
+    """While the launcher runs `instance` as this thread's rank: `running_rank()` is it."""
+    previous = running_rank()
+    _RUNNING.instance = instance
+    try:
+        yield
+    finally:
+        _RUNNING.instance = previous

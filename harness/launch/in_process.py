@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, List, Optional, Tuple
 
-from harness.launch.context import RankContext
+from harness.launch.context import RankContext, running_as_rank
 from harness.launch.job import Job
 from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome.rank_record import (
@@ -22,7 +22,7 @@ from harness.outcome.rank_record import (
     RankRecord,
     RecordSink,
     ReportingResult,
-    failure_event,
+    raised_event,
 )
 
 
@@ -44,9 +44,10 @@ def run_rank_here(
         rank_case = job.program()(job.method)
         rank_case.attach_rank(rank_context)
     except Exception:
-        sink.send(failure_event(sys.exc_info()))
+        sink.send(raised_event(sys.exc_info()))
     else:
-        rank_case.run(rank_context.result)
+        with running_as_rank(rank_case):
+            rank_case.run(rank_context.result)
     sink.send(Event("done", count=rank_context.grid_points))
     record.duration = time.monotonic() - started
     return record

@@ -1,8 +1,8 @@
 """Job: what a launcher runs in each rank of one test, built by the front end that runs it.
 
 A launcher (harness/launch/launcher.py) never sees a test runner's object: the unittest
-classes build their job from themselves (`RankedTestCase.job`), the pytest plugin builds one
-from a marked item (harness/pytest_plugin/run.py), a RankPool from a call. Each rank finds
+classes build their job from themselves (`RankedTestCase.job`), the pytest plugin one from a
+marked item or a RankPool's call (harness/pytest_plugin/run.py). Each rank finds
 what it runs by `module` and `qualname` (and `method`, for a test class) and gets `inputs`
 with it; the parent reads `world_size`, `timeout` and `shared_key` to start, supervise and
 reuse the ranks. A job crosses to rank processes by pickling, so everything in it but
@@ -12,8 +12,23 @@ reuse the ranks. A job crosses to rank processes by pickling, so everything in i
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Optional, Tuple
+
+# Before a runner's deadline, time to stop the ranks (each mode gives a rank about 2 s to
+# dump its stack or unwind) and to report: a quarter of the time left, at least 2.5 s and at
+# most 5 s, and never more than 60% of it (a short deadline still leaves the ranks time).
+MAX_REPORT_MARGIN_S = 5.0
+MIN_REPORT_MARGIN_S = 2.5
+MIN_TIMEOUT_S = 0.1
+
+
+def timeout_before(left: float) -> float:
+    """The ranks' timeout when a runner's deadline is `left` seconds away (pytest-timeout's
+    `--timeout 10`: 7.5 s), so that the harness's hang report comes before the runner's own."""
+    margin = min(MAX_REPORT_MARGIN_S, max(MIN_REPORT_MARGIN_S, left * 0.25), left * 0.6)
+    return max(MIN_TIMEOUT_S, math.floor((left - margin) * 10) / 10)
 
 
 @dataclass(frozen=True)

@@ -18,23 +18,21 @@ mode is a new Launcher.
 from __future__ import annotations
 
 import inspect
-import math
 import time
 from typing import Any, FrozenSet, List, Optional, Tuple
 
 from harness import settings
 from harness.compat import unittest_internals
 from harness.launch.context import RankContext
-from harness.launch.job import Job
+from harness.launch.job import Job, timeout_before
 from harness.launch.launcher import Launcher, RankSetup
 from harness.launch.routing import route_test_method
 from harness.outcome.fold import hand_report
 from harness.outcome.merge import decide
-from harness.outcome.rank_record import RankRecord
+from harness.outcome.rank_record import RankRecord, exit_ends_rank
 from harness.outcome.replay import replay
 from harness.outcome.report import TestReport
 from harness.requirements.decorators import check_case_requirements
-from harness.requirements.skip_codes import SKIP_BY_EXIT_CODE
 from harness.requirements.world_size import (
     BaseWorldSize,
     fix_world_size,
@@ -49,21 +47,6 @@ __unittest = True
 __tracebackhide__ = True
 
 SUPERVISOR_RANK = -1
-# Before a runner's deadline, time to stop the ranks (each mode gives a rank about 2 s to
-# dump its stack or unwind) and to report: a quarter of the time left, at least 2.5 s and at
-# most 5 s, and never more than 60% of it (a short deadline still leaves the ranks time).
-MAX_REPORT_MARGIN_S = 5.0
-MIN_REPORT_MARGIN_S = 2.5
-MIN_TIMEOUT_S = 0.1
-
-
-def timeout_before(left: float) -> float:
-    """The ranks' timeout when a runner's deadline is `left` seconds away (pytest-timeout's
-    `--timeout 10`: 7.5 s), so that the harness's hang report comes before the runner's own."""
-    margin = min(MAX_REPORT_MARGIN_S, max(MIN_REPORT_MARGIN_S, left * 0.25), left * 0.6)
-    return max(MIN_TIMEOUT_S, math.floor((left - margin) * 10) / 10)
-
-
 class RankedTestCase(unittest_internals.TestHooks, TestCase):
     """A test run once per rank by a launcher; the runner's instance supervises.
 
@@ -160,7 +143,7 @@ class RankedTestCase(unittest_internals.TestHooks, TestCase):
         return Job(
             test_id=self.id(), module=cls.__module__, qualname=cls.__qualname__,
             method=unittest_internals.method_name(self), world_size=self.world_size,
-            timeout=settings.test_timeout(self), inputs=self.rank_inputs(),
+            timeout=settings.test_timeout(self),
             shared_key=self.shared_ranks_key(), fake_pg=bool(getattr(cls, "fake_pg", False)),
             local_class=cls,
         )
@@ -172,11 +155,6 @@ class RankedTestCase(unittest_internals.TestHooks, TestCase):
     def reported_name(self) -> str:
         """The test's name in what a rank reports about it (a leak): its method's."""
         return unittest_internals.method_name(self)
-
-    def rank_inputs(self) -> Any:
-        """What every rank gets with the test (`RankContext.inputs`), picklable; None for a
-        test class, whose ranks re-create everything from the class and method name."""
-        return None
 
     def waived_leak_checks(self) -> FrozenSet[str]:
         """In a shared rank, after the test: the leak checks this one test waives (a class
@@ -263,12 +241,11 @@ class RankedTestCase(unittest_internals.TestHooks, TestCase):
         except SystemExit as exit_:
             # Upstream's rank process just ends, with that exit code (0: a pass), without
             # the base's tear-down: so does this rank. A skip code is unittest's skip.
-            code = exit_.code
-            if code not in (0, None) and (type(code) is not int or code in SKIP_BY_EXIT_CODE):
+            if not exit_ends_rank(exit_.code):
                 raise
             self._exited_early = True
-            if code:
-                self.rank_context.result.add_exit(code)
+            if exit_.code:
+                self.rank_context.result.add_exit(exit_.code)
 
     def call_tear_down(self) -> None:
         if self.rank_context is None:

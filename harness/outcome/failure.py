@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from harness.compat import unittest_internals
 from harness.outcome.stacks import Frame
@@ -44,7 +44,7 @@ class Failure:
         return cls(
             exc_module=getattr(exctype, "__module__", "builtins") or "builtins",
             exc_qualname=getattr(exctype, "__qualname__", str(exctype)),
-            exception="".join(traceback.format_exception_only(exctype, value)).strip(),
+            exception=_exception_line(exctype, value),
             frames=tuple(
                 Frame(f.filename, f.lineno or 0, f.name, (f.line or "").strip())
                 for f in traceback.extract_tb(tb)
@@ -79,11 +79,30 @@ class Failure:
         )
 
 
-def _chain_lines(value: Optional[BaseException]) -> list:
-    """The exception line of `value` and of each cause or context before it."""
-    lines, seen = [], set()
-    while value is not None and id(value) not in seen:
-        seen.add(id(value))
-        lines.append("".join(traceback.format_exception_only(type(value), value)).strip())
-        value = value.__cause__ or (None if value.__suppress_context__ else value.__context__)
+def _exception_line(exctype: Any, value: Any) -> str:
+    """The exception's own line(s), as a traceback ends: `Type: message` (a SyntaxError's
+    location lines, which Python prints first, left out: they are where, not what)."""
+    lines = "".join(traceback.format_exception_only(exctype, value)).rstrip().splitlines()
+    start = 0
+    while start < len(lines) - 1 and lines[start].startswith(('  File "', "    ")):
+        start += 1
+    return "\n".join(lines[start:]).strip()
+
+
+def _chain_lines(value: Optional[BaseException]) -> List[str]:
+    """The exception line of `value`, of each cause or context before it, and of each
+    exception an exception group holds."""
+    lines: List[str] = []
+    todo, seen = [value], set()
+    while todo:
+        current = todo.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        lines.append(_exception_line(type(current), current))
+        todo.append(current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__))
+        held = getattr(current, "exceptions", None)  # an exception group's (Python 3.11+)
+        if isinstance(held, tuple):
+            todo.extend(e for e in held if isinstance(e, BaseException))
     return lines

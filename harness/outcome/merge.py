@@ -3,9 +3,10 @@
 Whatever mode ran the ranks (fresh or shared processes, threads, torchrun), `decide` applies
 docs/design.md's rules (what counts as a failure, a skip or a timeout, and what the message
 says), merges the grid points the ranks ran, and folds both into the test's one report
-(fold.py), which every reporter reads; replay.py reports it through unittest's API as the
-supervising case's own outcome. Kept free of process and thread handling so the rules can
-be read, and tested, in one place.
+(fold.py), which every reporter reads: the runner's, pytest's longrepr for a marked function
+(harness/pytest_plugin/run.py), and replay.py, which reports it through unittest's API as a
+test class's supervising case's own outcome. Kept free of process and thread handling so
+the rules can be read, and tested, in one place.
 """
 
 from __future__ import annotations
@@ -80,13 +81,6 @@ CONSEQUENCE_MARKERS = (
 )
 
 
-def stack_frames(stack: str) -> List[Frame]:
-    """The frames a stopped or crashed rank's stack shows (the supervisor formatted them from
-    faulthandler's dump: the one text the harness reads frames from), the user's, oldest
-    first."""
-    return stacks.visible(stacks.frames_in(stack))
-
-
 def is_consequence(messages: Sequence[str]) -> bool:
     """Whether a rank's exception (or one in its chain) says it failed because a peer failed
     (or left) first."""
@@ -98,12 +92,14 @@ def problems_of(
 ) -> List[Problem]:
     """The record's problems: each exception it raised (from its Failure), then its exit."""
     found = [_raised_problem(record.rank, event) for event in record.raised()]
-    crashed = record.exitcode is not None and record.exitcode < 0 and not record.stopped
+    # died by a signal (not stopped, no exit code of its own): the stack it crashed with
+    crashed = (record.exitcode is not None and record.exitcode < 0 and not record.stopped
+               and record.test_exit_code() is None)
     for head in record.exit_problems(exit_accepted):
         detail, frames = "", ()
-        if crashed and head.startswith(f"rank {record.rank} died by signal"):
-            detail = record.stack.strip("\n")  # the stack it crashed with, when it could tell
-            frames = tuple(stack_frames(detail))
+        if crashed:
+            detail = record.stack.strip("\n")
+            frames = tuple(stacks.visible(record.stack_frames))
         found.append(Problem(record.rank, head, "", detail, False, frames=frames))
     return found
 
@@ -171,7 +167,7 @@ def own_outcome(
         label = f"rank {left.rank}" if left else f"rank {first.rank}" if first else "timed out"
         lead = RankReport(
             label, head[len(label) + 1:] if left else head,
-            stack_frames(first.stack) if first and not left else [],
+            stacks.visible(first.stack_frames) if first and not left else [],
             [titled(collectives)]
             + [(f"stack of rank {r.rank}", stopped_stack(r)) for r in by_cause]
             + [p.section() for p in problems],

@@ -1,9 +1,11 @@
 """What one rank reports about one test: its events, and the record that travels between modes.
 
-A rank runs its TestCase with `ReportingResult`, which turns each of unittest's callbacks
-into an `Event` and sends it to a sink: a pipe to the supervising process (fresh and shared
-processes, so a failure is seen at once and the other ranks are stopped), or a
-`RecordSink` that appends it to the rank's `RankRecord` in memory (threads, torchrun).
+A rank reports through `ReportingResult`, which turns each outcome (unittest's callbacks, for
+a test class; its `report_*` methods, for a pytest function's rank program) into an `Event`,
+an exception as its Failure (`raised_event`), and sends it to a sink: a pipe to the
+supervising process (fresh and shared processes, so a failure is seen at once and the other
+ranks are stopped), or a `RecordSink` that appends it to the rank's `RankRecord` in memory
+(threads, torchrun).
 `RankRecord` is the one record every launch mode hands to the merge
 (harness/outcome/merge.py); `to_json`/`from_json` carry it across hosts (torchrun's ranks
 exchange it). Kept free of process and thread handling so both modes can build on it.
@@ -22,13 +24,14 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 from harness.outcome.collective_trace import CollectiveCall
 from harness.outcome.failure import Failure
 from harness.outcome.report import Shown, params_from_json, params_to_json
+from harness.outcome.stacks import Frame, format_stack
 from harness.requirements.skip_codes import SKIP_BY_EXIT_CODE
 
 ExcInfo = Tuple[Any, Any, Any]
 
 
 class Event(NamedTuple):
-    """One report from a rank: what unittest told the rank's result object, made picklable.
+    """One report from a rank: what its test did, made picklable.
 
     kind: "success", "failure" (failure: what was raised, as data; status "error" when unittest
     counts it an error, not a failed assertion), "skip" (text: reason), "expected_failure"
@@ -86,10 +89,17 @@ class RankRecord:
     exitcode: Optional[int] = None
     stopped: bool = False  # the supervisor stopped it (fail-fast or timeout)
     output: str = ""
-    stack: str = ""  # Python stack taken just before the supervisor stopped it
+    stack: str = ""  # Python stack taken just before the supervisor stopped it, for display
+    stack_frames: List[Frame] = field(default_factory=list)  # ... and its frames, oldest first
     collectives: Optional[List[CollectiveCall]] = None  # what it entered, when it could tell
     problem_at: float = float("inf")  # when the supervisor first saw this rank fail
     duration: float = 0.0  # seconds the rank spent on the test, when it measured them
+
+    def set_stack(self, frames: List[Frame], shown: str = "") -> None:
+        """The rank's stack when it was stopped or crashed: its frames, shown in the report's
+        format (`shown` where there are none to show: a dump that held no thread's stack)."""
+        self.stack_frames = list(frames)
+        self.stack = format_stack(frames) if frames else shown
 
     @property
     def finished(self) -> bool:
@@ -168,6 +178,7 @@ class RankRecord:
             "stopped": self.stopped,
             "output": self.output,
             "stack": self.stack,
+            "stack_frames": [list(frame) for frame in self.stack_frames],
             "collectives": None if self.collectives is None else [
                 [c.op, c.group, c.seq, list(c.inputs), c.completed] for c in self.collectives
             ],
@@ -189,6 +200,7 @@ class RankRecord:
             stopped=data["stopped"],
             output=data["output"],
             stack=data["stack"],
+            stack_frames=[Frame(*frame) for frame in data["stack_frames"]],
             collectives=None if calls is None else [
                 CollectiveCall(op, group, seq, tuple(inputs), completed)
                 for op, group, seq, inputs, completed in calls
@@ -229,12 +241,6 @@ def raised_event(
     return Event(kind, failure.text, params, status, failure=failure)
 
 
-def failure_event(exc_info: ExcInfo) -> Event:
-    """An exception a rank raised outside unittest's own handling, as its event: an
-    AssertionError is a failure, anything else an error (unittest's distinction)."""
-    return raised_event(exc_info)
-
-
 def raised_in_rank(event: Event) -> bool:
     """Whether `event` is an exception the test raised in its rank (a failure, an error, or
     an expected failure's)."""
@@ -246,6 +252,13 @@ def fails_rank(event: Event) -> bool:
     called sys.exit with a code. The verdict (`RankRecord.problems`), the launchers' fail-fast
     (harness/launch/fail_fast.py) and the process supervisor all read it."""
     return raised_in_rank(event) or event.kind == "exit"
+
+
+def exit_ends_rank(code: Any) -> bool:
+    """Whether `sys.exit(code)` in a test ends its rank as upstream's rank process ends (0 or
+    None: a pass; another int that is no skip code: the rank's exit code, a failure), rather
+    than being reported as raised (a skip code: a skip; anything else: an error)."""
+    return code in (0, None) or (type(code) is int and code not in SKIP_BY_EXIT_CODE)
 
 
 def skip_exit_reason(exc_info: ExcInfo) -> Optional[str]:

@@ -24,7 +24,6 @@ _DUMP_THREAD = re.compile(
     r"^(Current thread 0x[0-9a-fA-F]+ |Thread 0x[0-9a-fA-F]+ |Stack )\(most recent call first\):$"
 )
 _FATAL = "Fatal Python error:"
-TRACEBACK_HEAD = "Traceback (most recent call last):"
 
 _HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The harness's machinery: how a rank is started, run, synchronised and reported. The kit
@@ -104,30 +103,6 @@ def format_stack(frames: Sequence[Frame]) -> str:
     return format_frames(visible(frames))
 
 
-def frames_in(text: str) -> List[Frame]:
-    """The frames of the last traceback (or stack in this format) in `text`, oldest first."""
-    last = text.rfind(TRACEBACK_HEAD)
-    segment = text[last:] if last >= 0 else text
-    frames = []
-    for line in segment.splitlines():
-        match = FRAME_LINE.match(line)
-        if match:
-            frames.append(Frame(match["file"], int(match["line"]), match["name"] or "<module>"))
-    return frames
-
-
-def exception_text(traceback_text: str) -> str:
-    """What a formatted traceback ends with: the exception line(s), without the frames."""
-    lines = traceback_text.rstrip().splitlines()
-    end = 0
-    for index, line in enumerate(lines):
-        if FRAME_LINE.match(line) or line.startswith("Traceback"):
-            end = index + 1
-        elif line.startswith("    ") and end == index:  # a frame's source or caret line
-            end = index + 1
-    return "\n".join(lines[end:]).strip() or (lines[-1].strip() if lines else "")
-
-
 def clean_traceback(text: str) -> str:
     """A formatted traceback with the harness's frames taken out (each traceback of a chain
     keeps them all if nothing else is left)."""
@@ -167,12 +142,13 @@ def _threads(dump: str) -> List[Tuple[bool, List[Frame]]]:
     return threads
 
 
-def from_faulthandler(dump: str, crashed: bool = False) -> str:
-    """The stack that matters in a faulthandler dump, in the report's format: the thread that
-    crashed (`crashed`), else the main thread (the one not started by `threading`)."""
+def faulthandler_frames(dump: str, crashed: bool = False) -> List[Frame]:
+    """The frames (oldest first) of the stack that matters in a faulthandler dump, the one
+    text the harness reads frames from: the thread that crashed (`crashed`), else the main
+    thread (the one not started by `threading`); none when the dump has no thread's."""
     threads = [(current, frames) for current, frames in _threads(dump) if frames]
     if not threads:
-        return dump.strip()
+        return []
     chosen = None
     if crashed:
         chosen = next((frames for current, frames in threads if current), None)
@@ -181,7 +157,14 @@ def from_faulthandler(dump: str, crashed: bool = False) -> str:
         chosen = next(
             (frames for _, frames in threads if frames[0].filename != started), threads[0][1]
         )
-    return format_stack(chosen)
+    return chosen
+
+
+def from_faulthandler(dump: str, crashed: bool = False) -> str:
+    """The stack that matters in a faulthandler dump, in the report's format (the dump as it
+    is when it has no thread's stack)."""
+    frames = faulthandler_frames(dump, crashed)
+    return format_stack(frames) if frames else dump.strip()
 
 
 def split_fatal_error(output: str) -> Tuple[str, str]:

@@ -1,10 +1,12 @@
-"""What runs inside one rank process: set the process up, run the test case, report every event.
+"""What runs inside one rank process: set the process up, run the job's test, report every event.
 
-The parent (harness/process/launchers.py) only supervises. A rank re-creates its TestCase by
-name, hands it its RankContext (`attach_rank`: rank, world size, rendezvous, the grid
-meeting `GridMeeting`), runs it with `case.run(result)` so unittest's own machinery (setUp,
-subTest, skips, expected failures) applies unchanged, and `ReportingResult` sends each event
-to the parent over a pipe, where the outcome is decided. A fresh rank (`main`) runs one test
+The parent (harness/process/launchers.py) only supervises. A rank re-creates what its Job
+names by module and qualified name (a test class, or a front end's rank program), hands the
+instance its RankContext (`attach_rank`: rank, world size, rendezvous, the grid meeting
+`GridMeeting`) and runs it (`run(result)`: a test class through unittest's own machinery,
+setUp, subTest, skips, expected failures, unchanged; a pytest function's program without
+it), and `ReportingResult` sends each event to the parent over a pipe, where the outcome is
+decided. A fresh rank (`main`) runs one test
 and exits; a shared rank (`serve`) sets its class up once and runs each test the parent
 sends it, reporting each test's events exactly as a fresh rank does. This module must stay
 importable without side effects: the forkserver preloads it.
@@ -35,13 +37,13 @@ import torch.distributed as dist
 
 from harness.compat import cpu_defaults as compat_cpu_defaults
 from harness.compat import flight_recorder as compat_flight_recorder
-from harness.launch.context import RankContext
+from harness.launch.context import RankContext, running_as_rank
 from harness.launch.hooks import SharedRankHooks
 from harness.launch.job import Job
 from harness.outcome.rank_record import (
     Event,
     ReportingResult,
-    failure_event,
+    raised_event,
     skip_exit_reason,
 )
 from harness.process import assert_rewrite, leaks
@@ -122,9 +124,9 @@ def main(spec: RankSpec, channel: Connection) -> None:
         if exit_.code not in (0, None):  # sys.exit(0) outside the test: the rank passed
             err = sys.exc_info()
             skip = _skip_reason(err)
-            channel.send(failure_event(err) if skip is None else Event("skip", skip))
+            channel.send(raised_event(err) if skip is None else Event("skip", skip))
     except Exception:
-        channel.send(failure_event(sys.exc_info()))
+        channel.send(raised_event(sys.exc_info()))
     channel.send(Event("done", count=rank_run.grid_points))
     _leave(channel)
 
@@ -153,12 +155,13 @@ class RankRun:
             )
             case.attach_rank(context)
         except Exception:
-            self._channel.send(failure_event(sys.exc_info()))
+            self._channel.send(raised_event(sys.exc_info()))
             return
         if _terminal:  # `--debug-rank`: say which test the person at the terminal steps through
             print(f"[harness] rank {spec.rank} runs {_id_as_the_user_knows_it(spec, case)}: "
                   "breakpoint() stops here", flush=True)
-        case.run(self._result)
+        with running_as_rank(case):
+            case.run(self._result)
         self.grid_points = context.grid_points
 
 
@@ -169,7 +172,7 @@ class Task:
     method: str
     output_path: str  # this test's output file: each test's output is reported on its own
     file_name: str  # this test's own rendezvous path (the grid synchronisation lives beside it)
-    inputs: Any = None  # what the supervising case sends with the test (RankContext.inputs)
+    inputs: Any = None  # what the job sends with the test (RankContext.inputs)
 
 
 def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
@@ -198,7 +201,7 @@ def serve(spec: RankSpec, channel: Connection, tasks: Connection) -> None:
     except (Exception, SystemExit):
         err = sys.exc_info()
         skip = _skip_reason(err)
-        setup_problem = failure_event(err) if skip is None else Event("skip", skip)
+        setup_problem = raised_event(err) if skip is None else Event("skip", skip)
     output, met, number = spec.output_path, False, 0
     while True:
         try:
@@ -269,7 +272,7 @@ def _run_shared_test(
         rank_run.run(case)
         name, waived = case.reported_name(), case.waived_leak_checks()
     except Exception:
-        channel.send(failure_event(sys.exc_info()))
+        channel.send(raised_event(sys.exc_info()))
     # a check not taken after the test (waived) is not compared
     leak = leaks.leak_event(name, before, leaks.snapshot(checks - waived, cls.pg))
     report = [leak] if leak is not None else []

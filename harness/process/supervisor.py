@@ -337,11 +337,11 @@ class RankGroup:
             cut = self._stack_from.get(record.rank, len(data))
             record.output = data[:cut].decode(errors="replace")
             dump = without_lifeline(data[cut:].decode(errors="replace"))
-            record.stack = stacks.from_faulthandler(dump) if dump.strip() else ""
+            record.set_stack(stacks.faulthandler_frames(dump), dump.strip())
             if record.exitcode is not None and record.exitcode < 0 and not record.stopped:
                 record.output, dump = stacks.split_fatal_error(record.output)
                 if dump:
-                    record.stack = stacks.from_faulthandler(dump, crashed=True)
+                    record.set_stack(stacks.faulthandler_frames(dump, crashed=True), dump.strip())
 
     def _stream(self) -> None:
         """Print new complete lines of every rank's output, prefixed by its rank."""

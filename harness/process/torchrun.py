@@ -32,6 +32,7 @@ never mean "launched"), rank 0 hosts the store on MASTER_PORT.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 import sys
@@ -230,18 +231,20 @@ class RankExchange:
     def _get(self, key: str) -> str:
         return self._store.get(key).decode("utf-8")
 
-    def post_stack(self, text: str) -> None:
-        """This rank's stack while its part of the current round is overdue."""
-        self._store.set(f"stack/{self.rounds}/{self.rank}", text)
+    def post_stack(self, frames: List[stacks.Frame]) -> None:
+        """This rank's stack while its part of the current round is overdue (its frames, as
+        JSON data)."""
+        self._store.set(f"stack/{self.rounds}/{self.rank}", json.dumps([list(f) for f in frames]))
 
-    def stacks_of(self, ranks: List[int], wait: float) -> Dict[int, str]:
+    def stacks_of(self, ranks: List[int], wait: float) -> Dict[int, List[stacks.Frame]]:
         """The stacks `ranks` posted in the last round, waiting up to `wait` s for them."""
         keys = {rank: f"stack/{self.rounds - 1}/{rank}" for rank in ranks}
         try:
             self._store.wait(list(keys.values()), timedelta(seconds=wait))
         except Exception:  # some never came: a rank stuck outside Python, or gone
             pass
-        return {rank: self._get(key) for rank, key in keys.items() if self._store.check([key])}
+        return {rank: [stacks.Frame(*f) for f in json.loads(self._get(key))]
+                for rank, key in keys.items() if self._store.check([key])}
 
     def finish(self, timeout: float) -> None:
         """Rank 0 waits until every rank is done with the store (rank 0 may be hosting it)."""
@@ -259,17 +262,16 @@ class RankStopped(BaseException):
     an error, which the stopped rank's record leaves out (harness/outcome RecordSink)."""
 
 
-def _stack_of(thread_id: int) -> str:
-    """Where the thread running the test is now, in the report's one stack format (most
-    recent call last, harness frames hidden), from the test's frames down."""
+def _stack_of(thread_id: int) -> List[stacks.Frame]:
+    """Where the thread running the test is now (oldest first), from the test's frames down."""
     frame = sys._current_frames().get(thread_id)
     if frame is None:
-        return ""
+        return []
     entries = traceback.extract_stack(frame)
     here = run_rank_here.__code__.co_filename  # the frames above it are the runner's
     starts = [i for i, entry in enumerate(entries) if entry.filename == here]
     shown = entries[starts[-1] + 1:] if starts else entries
-    return stacks.format_stack([stacks.Frame(e.filename, e.lineno or 0, e.name) for e in shown])
+    return [stacks.Frame(e.filename, e.lineno or 0, e.name) for e in shown]
 
 
 class _Watch:
@@ -333,7 +335,7 @@ class _Watch:
             if now >= policy.stop_at(peers.values()):
                 with self._lock:
                     if self._armed:
-                        self._record.stack = _stack_of(self._thread_id)
+                        self._record.set_stack(_stack_of(self._thread_id))
                         self._record.stopped = True
                         signal.pthread_kill(self._thread_id, STOP_SIGNAL)
                 return
@@ -396,9 +398,12 @@ class TorchrunLauncher(Launcher):
             texts = exchange.exchange(record.to_json(), timeout)
         except RanksOutOfStep as error:
             run.out_of_step = str(error)
-            stacks = exchange.stacks_of(error.missing, STACK_WAIT_S)
+            posted = exchange.stacks_of(error.missing, STACK_WAIT_S)
             records = [RankRecord.from_json(text) for text in error.reported.values()]
-            records += [RankRecord(r, stopped=True, stack=stacks.get(r, "")) for r in error.missing]
+            for rank in error.missing:
+                record = RankRecord(rank, stopped=True)
+                record.set_stack(posted.get(rank, []))
+                records.append(record)
             return sorted(records, key=lambda found: found.rank), timeout
         return [RankRecord.from_json(text) for text in texts], None
 

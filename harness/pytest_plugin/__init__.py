@@ -37,12 +37,12 @@ from harness import settings
 from harness.compat import pytest_internals
 from harness.launch.ranked_case import RankedTestCase
 from harness.outcome.replay import rank_report
-from harness.outcome.report import RankReport
+from harness.outcome.report import RankReport, TestReport
 from harness.process import assert_rewrite, forkserver, shared
 from harness.process.multiprocess_case import MultiProcessTestCase
 from harness.pytest_plugin import deepspeed, fixtures, functions, leases, pool, stash
 from harness.pytest_plugin import report as report_layout
-from harness.pytest_plugin.run import RanksFailed
+from harness.pytest_plugin.run import RanksFailure
 from harness.requirements import decorators
 
 MARKERS = (
@@ -207,7 +207,7 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    lead = _lead(item, call)
+    lead = _lead(call)
     if lead is not None and report.failed:
         longrepr = report_layout.longrepr(item, lead)
         if longrepr is not None:
@@ -231,16 +231,18 @@ def pytest_runtest_makereport(
     return report
 
 
-def _lead(item: pytest.Item, call: pytest.CallInfo[None]) -> Optional[RankReport]:
-    """A multi-rank failure's report in parts: a marked test's or a pool call's (`RanksFailed`,
-    or the lead rank's own exception class: then kept on the item), a class's replay's."""
+def _lead(call: pytest.CallInfo[None]) -> Optional[RankReport]:
+    """A multi-rank failure's report in parts: a marked test's or a pool call's (`RanksFailure`,
+    or the lead rank's own exception class raised in its place, which carries the report), a
+    class's replay's."""
     if call.excinfo is None:
         return None
     error = call.excinfo.value
-    if isinstance(error, RanksFailed):
+    if isinstance(error, RanksFailure):
         return error.lead
-    if call.when == "call" and stash.LEAD in item.stash:
-        return item.stash[stash.LEAD]
+    report = getattr(error, "report", None)  # raised as the lead rank's own class
+    if isinstance(report, TestReport):
+        return report.own.lead
     return rank_report(error)
 
 

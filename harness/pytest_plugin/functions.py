@@ -47,7 +47,7 @@ from harness.pytest_plugin.marker import (
     read_ranks,
     size_id,
 )
-from harness.pytest_plugin.run import RanksFailed, SharedKey, raised_for, run_on_ranks
+from harness.pytest_plugin.run import RanksFailure, SharedKey, raised_for, run_on_ranks
 
 GROUP_TIMEOUT_MARGIN_S = 60.0  # the default group outlives the test, so a hang is the test's
 
@@ -245,7 +245,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Optional[bool]:
     try:
         for size in ranks.sizes:  # one, but a DistributedTest's list runs in turn
             run_placed(call, ranks, size, pyfuncitem.stash.get(stash.DEADLINE, None), records)
-    except RanksFailed as error:
+    except RanksFailure as error:
         lead = error.lead
         if lead is not None and lead.phase == "teardown":  # the test passed: its teardown's
             pyfuncitem.stash[stash.TEARDOWN_ERROR] = error
@@ -253,8 +253,6 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Optional[bool]:
         raised = report.as_raised_in_the_rank(error, lead, pyfuncitem)  # xfail(raises=...)
         if raised is error:
             raise
-        if lead is not None:
-            pyfuncitem.stash[stash.LEAD] = lead
         raise raised from None
     finally:  # after what a pool fixture's calls left there during set-up
         pyfuncitem.stash.setdefault(stash.RECORDS, []).extend(records)
@@ -267,8 +265,9 @@ def run_placed(
 ) -> None:
     """Run `call` on `world_size` ranks where `ranks` puts them on this machine (their devices
     leased for the run; shared sets keyed by that placement, `pool`'s apart); the ranks'
-    records go into `records`. The ranks' failure is raised (`RanksFailed`), their skip is
-    pytest's."""
+    records go into `records`. The ranks' failure is raised (`RanksFailure`), then a thread
+    rank's leak of process state (an AssertionError, as a class's tearDown raises it), and
+    their skip is pytest's."""
     where = place(ranks, world_size)
     if where.skip is not None:
         pytest.skip(where.skip)
@@ -285,6 +284,8 @@ def run_placed(
     outcome = run.report
     if outcome.failed:
         raise raised_for(outcome)
+    if run.leaked is not None:
+        raise AssertionError(run.leaked)
     if outcome.status == SKIPPED:
         if outcome.message.startswith(IMPERATIVE_XFAIL):
             pytest.xfail(outcome.message[len(IMPERATIVE_XFAIL):])

@@ -27,12 +27,11 @@ import torch
 import torch.distributed as dist
 
 from harness.launch.context import RankContext
-from harness.outcome.rank_record import ReportingResult
+from harness.outcome.rank_record import ReportingResult, exit_ends_rank
 from harness.process.continuous import meet_before_test, still_usable_after_test
 from harness.process.rank import destroy_default_group
 from harness.pytest_plugin.call import FunctionCall
 from harness.pytest_plugin.in_rank import RANKS_SCOPE, call_in_rank, rank_device
-from harness.requirements.skip_codes import SKIP_BY_EXIT_CODE
 from harness.single_process.testcase import current_seed, seed_everything
 from harness.threads import backend as threaded_pg
 
@@ -48,48 +47,63 @@ class FunctionProgram:
     """What the three modes share: the call its rank was sent, made as the rank's test."""
 
     def __init__(self, method: str = METHOD) -> None:
-        self.method = method
+        """`method`: the job's (a program has one call to make)."""
         self.context: Optional[RankContext] = None
-        self.exited = False  # the call ended with sys.exit(0): the rank ends as upstream's do
+        self.exited = False  # the call ended with sys.exit: the rank ends as upstream's do
 
     # --- the rank hooks every launcher calls ----------------------------------------------
     def attach_rank(self, context: RankContext) -> None:
         self.context = context
 
     def run(self, result: ReportingResult) -> None:
-        """Set the rank up, make the call, tear down: each outcome reported to `result`."""
+        """Set the rank up, make the call, tear down: each outcome reported to `result`, as
+        unittest reports a test class's (a success only once the tear-down is done too)."""
         try:
             self.set_up()
-        except (Exception, SystemExit):
+        except KeyboardInterrupt:
+            raise
+        except BaseException:
             result.report_raised(sys.exc_info())
-            self.tear_down(passed=False)
+            self._tear_down(result)
             return
+        passed = self._call(result)
+        if self.exited:  # as upstream's rank process: no tear-down
+            result.report_success()
+        elif self._tear_down(result) and passed:
+            result.report_success()
+
+    def _call(self, result: ReportingResult) -> bool:
+        """Make the call; report how it failed or skipped; whether it passed."""
         try:
             call_in_rank(self.call, self.rank, self.world_size, self._context.init_method,
                          keep_ranks_scope=self.keeps_ranks_scope())
         except unittest.SkipTest as skip:  # pytest.skip in the rank (in_rank.py)
             result.report_skip(str(skip))
+        except KeyboardInterrupt:
+            raise
         except SystemExit as exit_:
-            if not self._exit(exit_, result):
+            if not exit_ends_rank(exit_.code):
                 result.report_raised(sys.exc_info())
-        except Exception:
+                return False
+            self.exited = True
+            if exit_.code:
+                result.add_exit(exit_.code)
+        except BaseException:
             result.report_raised(sys.exc_info())
         else:
-            result.report_success()
-        if not self.exited:
-            self.tear_down(passed=not result.failed)
+            return True
+        return False
 
-    def _exit(self, exit_: SystemExit, result: ReportingResult) -> bool:
-        """`sys.exit(code)` in the call: as in an upstream rank process, it ends the rank with
-        that code (0: a pass) and without the tear-down; a skip code (or not a number) is
-        reported as raised instead (False)."""
-        code = exit_.code
-        if code not in (0, None) and (type(code) is not int or code in SKIP_BY_EXIT_CODE):
+    def _tear_down(self, result: ReportingResult) -> bool:
+        """The mode's tear-down (`passed`: the test did not fail in this rank); whether it
+        raised nothing (what it raised is reported)."""
+        try:
+            self.tear_down(passed=not result.failed)
+        except KeyboardInterrupt:
+            raise
+        except BaseException:
+            result.report_raised(sys.exc_info())
             return False
-        self.exited = True
-        if code:
-            result.add_exit(code)
-        result.report_success()
         return True
 
     # --- what each mode adds ---------------------------------------------------------------
@@ -171,8 +185,6 @@ class SharedFunction(FunctionProgram):
     checks; its default group is made by the first test and kept. The class holds what the
     set keeps (the shared-rank hooks are class methods, as the shared classes' are)."""
 
-    rank_in_set: ClassVar[int] = -1
-    set_size: ClassVar[int] = 0
     rdvz_file: ClassVar[Optional[str]] = None  # None: not in a set (torchrun runs this rank)
     pg: ClassVar[Any] = None  # the set's default group, once its first test made it
 
@@ -182,8 +194,9 @@ class SharedFunction(FunctionProgram):
 
     @classmethod
     def shared_rank_start(cls, rank: int, world_size: int, rdvz_file: str) -> None:
-        """Once per set: who this rank is; the group waits for the first test's call."""
-        cls.rank_in_set, cls.set_size, cls.rdvz_file = rank, world_size, rdvz_file
+        """Once per set: its rendezvous file; the group waits for the first test's call (each
+        test's context says who the rank is)."""
+        cls.rdvz_file = rdvz_file
 
     @classmethod
     def shared_rank_before_test(cls) -> None:
@@ -222,7 +235,8 @@ class SharedFunction(FunctionProgram):
 
 class ThreadFunction(FunctionProgram):
     """mode="threads": the ranks are threads of the pytest process, on the threaded backend;
-    they share the process's generators (no seeding per rank, as the thread classes')."""
+    they share the process's generators, which the pytest process seeds once before the
+    threads start (harness/pytest_plugin/run.py), as a thread class's supervisor does."""
 
     def set_up(self) -> None:
         """Nothing: the thread hooks made the group, and there is no device of the rank's own."""

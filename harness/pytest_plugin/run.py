@@ -13,20 +13,22 @@ here: the pytest process only supervises.
 from __future__ import annotations
 
 import time
+import unittest
 from dataclasses import dataclass
 from typing import Hashable, List, Optional, Tuple
 
 from harness import settings
-from harness.launch.job import Job
+from harness.launch.job import Job, timeout_before
 from harness.launch.launcher import Launcher
-from harness.launch.ranked_case import timeout_before
 from harness.outcome.merge import decide
 from harness.outcome.rank_record import RankRecord
-from harness.outcome.report import ERROR, RankReport, TestReport
+from harness.outcome.replay import RankError
+from harness.outcome.report import ERROR, SKIPPED, Outcome, RankReport, TestReport
 from harness.process import shared
 from harness.process.launchers import FreshProcesses, SharedProcesses, process_launcher
 from harness.pytest_plugin import rank_program
 from harness.pytest_plugin.call import FunctionCall
+from harness.single_process.testcase import ProcessState, current_seed, seed_everything
 from harness.threads.launcher import ThreadRanks
 
 # pytest hides frames of modules that define this: a failure is the ranks' story.
@@ -47,10 +49,12 @@ class SharedKey:
     pool: bool = False  # rank_pool's sets are its own: they live for the session
 
 
-class RanksFailed(AssertionError):
-    """The ranks failed a marked test: raised in the pytest process with the test's report.
-    An assertion's failure as pytest counts it; `RanksErred` when the lead rank's exception
-    was not an assertion's (or the test timed out), as unittest tells the two apart."""
+class RanksFailure(Exception):
+    """The ranks failed a marked test (or a pool call): raised in the pytest process with the
+    test's report, as one of two classes, which unittest's distinction decides and pytest's
+    `xfail(raises=...)` matches: `RanksFailed`, an AssertionError, when the lead rank failed an
+    assertion; `RanksErred`, a RuntimeError (RankError, as the classes' errors), when it
+    raised anything else or the test timed out."""
 
     def __init__(self, report: TestReport) -> None:
         super().__init__(report.own.detail)
@@ -62,22 +66,28 @@ class RanksFailed(AssertionError):
         return self.report.own.lead
 
 
-class RanksErred(RanksFailed):
-    """The ranks failed a marked test with an error (not an assertion's) or a timeout."""
+class RanksFailed(RanksFailure, AssertionError):
+    """The lead rank failed an assertion."""
 
 
-def raised_for(report: TestReport) -> RanksFailed:
+class RanksErred(RanksFailure, RankError):
+    """The lead rank raised something other than an assertion, or the test timed out."""
+
+
+def raised_for(report: TestReport) -> RanksFailure:
     """The exception that tells pytest the ranks failed `report`'s test."""
     return RanksErred(report) if report.own.status == ERROR else RanksFailed(report)
 
 
 @dataclass
 class FunctionRun:
-    """What running a call on its ranks gave: the test's report, and every rank's record
-    (their output goes into pytest's report)."""
+    """What running a call on its ranks gave: the test's report; every rank's record (their
+    output goes into pytest's report); for thread ranks, which share this process, the state
+    they left behind that fails the test (ProcessState.restore), else None."""
 
     report: TestReport
     records: List[RankRecord]
+    leaked: Optional[str] = None
 
 
 def run_on_ranks(
@@ -90,22 +100,31 @@ def run_on_ranks(
     program = rank_program.MODE_PROGRAMS[mode]
     job = Job(
         test_id=call.test_id, module=program.__module__, qualname=program.__qualname__,
-        method=rank_program.METHOD, world_size=world_size,
-        timeout=_test_timeout(timeout, deadline), inputs=call, devices=call.devices,
-        shared_key=shared_key, local_class=program,
+        method=rank_program.METHOD, world_size=world_size, timeout=_test_timeout(timeout),
+        inputs=call, devices=call.devices, shared_key=shared_key, local_class=program,
     )
     launcher = _launcher(mode)
+    state: Optional[ProcessState] = None
+    if mode == "threads":  # the ranks share this process: seeded once, its state kept
+        seed_everything(current_seed())
+        state = ProcessState()
     try:
         launcher.start(job)
-        records, timed_out_after = launcher.join(job)
+        # what is left of a runner's time once the ranks started (a new set takes some)
+        records, timed_out_after = launcher.join(job.with_timeout(_capped(job.timeout, deadline)))
+    except unittest.SkipTest as skip:  # the ranks cannot run here (torchrun's other world size)
+        reason = str(skip)
+        return FunctionRun(TestReport(call.test_id, status=SKIPPED, message=reason,
+                                      own=Outcome(SKIPPED, reason)), [])
     finally:
         launcher.close()
+        leaked = state.restore() if state is not None else None
     report = decide(records, timed_out_after, test_id=call.test_id)
     if report.failed and shared_key is not None:
         # A test that failed on shared ranks may have left them in any state: the next test
         # gets new ones (crashes, hangs and leaks already retire a set).
         shared.OPEN_RANKS.stop(shared_key)
-    return FunctionRun(report, list(records))
+    return FunctionRun(report, list(records), leaked)
 
 
 def _launcher(mode: str) -> Launcher:
@@ -114,12 +133,16 @@ def _launcher(mode: str) -> Launcher:
     return process_launcher(SharedProcesses() if mode == "shared" else FreshProcesses())
 
 
-def _test_timeout(declared: Optional[float], deadline: Optional[float]) -> float:
+def _test_timeout(declared: Optional[float]) -> float:
     """The test's limit: the marker's, else the harness's default; a week under
-    `--debug-rank`; early enough before a runner's `deadline` for the harness's report."""
+    `--debug-rank`."""
     if settings.debug_rank() is not None:
         return settings.DEBUG_TIMEOUT_S
-    timeout = float(declared) if declared is not None else settings.default_timeout()
-    if deadline is not None:
-        timeout = min(timeout, timeout_before(deadline - time.monotonic()))
-    return timeout
+    return float(declared) if declared is not None else settings.default_timeout()
+
+
+def _capped(timeout: float, deadline: Optional[float]) -> float:
+    """`timeout`, early enough before a runner's `deadline` for the harness's report."""
+    if deadline is None or settings.debug_rank() is not None:
+        return timeout
+    return min(timeout, timeout_before(deadline - time.monotonic()))

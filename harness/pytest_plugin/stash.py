@@ -7,7 +7,6 @@ from typing import List
 import pytest
 
 from harness.outcome.rank_record import RankRecord
-from harness.outcome.report import RankReport
 from harness.pytest_plugin.call import FunctionCall
 
 DEADLINE = pytest.StashKey[float]()  # when pytest-timeout fires (time.monotonic())
@@ -15,6 +14,3 @@ RECORDS = pytest.StashKey[List[RankRecord]]()  # the ranks' records, for the out
 PROBLEM = pytest.StashKey[str]()  # a marked test that cannot run: the one-line reason
 CALL = pytest.StashKey[FunctionCall]()  # a marked test's call, once its fixtures are resolved
 TEARDOWN_ERROR = pytest.StashKey[Exception]()  # a `@rank_fixture`'s teardown failed in a rank
-# a marked test's failure in parts, where it is raised as the lead rank's own exception class
-# (for `xfail(raises=...)`), which cannot carry it
-LEAD = pytest.StashKey[RankReport]()

@@ -101,6 +101,40 @@ def _expect_file(case: unittest.TestCase, subname: Optional[str]) -> Tuple[str, 
 
 
 @unittest_internals.show_every_diff  # as upstream: multi-line strings always get a diff
+class ProcessState:
+    """The process state a test must leave as it found it, as upstream's TestCase keeps it:
+    taken when the test starts (which switches the sparse-tensor invariant checks on for the
+    test), given back by `restore`. Also what the pytest plugin keeps around a marked
+    function's thread ranks, which share this process."""
+
+    def __init__(self) -> None:
+        self._sparse_checks_were_on = torch.sparse.check_sparse_tensor_invariants.is_enabled()
+        torch.sparse.check_sparse_tensor_invariants.enable()
+        self._grad_was_enabled = torch.is_grad_enabled()
+        self._modes_before = compat_torch_function.mode_stack_depth()
+        self._dispatch_before = compat_torch_function.dispatch_state()
+
+    def restore(self) -> Optional[str]:
+        """Give the state back; what the test leaked that fails it (a torch-function mode or
+        dispatch state, undone here), else None."""
+        if self._sparse_checks_were_on:
+            torch.sparse.check_sparse_tensor_invariants.enable()
+        else:
+            torch.sparse.check_sparse_tensor_invariants.disable()
+        torch.set_grad_enabled(self._grad_was_enabled)
+        depth = compat_torch_function.mode_stack_depth()
+        if depth != self._modes_before:
+            compat_torch_function.pop_modes(max(0, depth - self._modes_before))
+            return ("torch function mode stack was leaked: "
+                    f"length changed from {self._modes_before} to {depth}")
+        state = compat_torch_function.dispatch_state()
+        if state != self._dispatch_before:
+            compat_torch_function.set_dispatch_state(self._dispatch_before)
+            return (f"torch function state was leaked: changed from {self._dispatch_before} "
+                    f"to {state}")
+        return None
+
+
 class TestCase(expecttest.TestCase):
     """expecttest's TestCase with upstream's assertEqual, seeding and per-test state checks."""
 
@@ -143,38 +177,15 @@ class TestCase(expecttest.TestCase):
         super().setUp()
         check_case_requirements(self)  # class-level requirements; methods check their own too
         seed_everything(current_seed())
-        # What tearDown restores or checks, as upstream's TestCase.
-        self._sparse_checks_were_on = torch.sparse.check_sparse_tensor_invariants.is_enabled()
-        torch.sparse.check_sparse_tensor_invariants.enable()
-        self._grad_was_enabled = torch.is_grad_enabled()
-        self._modes_before = compat_torch_function.mode_stack_depth()
-        self._dispatch_before = compat_torch_function.dispatch_state()
+        self._process_state = ProcessState()  # what tearDown restores or checks, as upstream's
 
     def tearDown(self) -> None:
         """Give back the process state the test changed; a torch-function mode or dispatch
         state left behind fails the test (after being undone), as upstream."""
-        if hasattr(self, "_sparse_checks_were_on"):  # a subclass's setUp may not call ours
-            if self._sparse_checks_were_on:
-                torch.sparse.check_sparse_tensor_invariants.enable()
-            else:
-                torch.sparse.check_sparse_tensor_invariants.disable()
-        if hasattr(self, "_grad_was_enabled"):
-            torch.set_grad_enabled(self._grad_was_enabled)
-        if hasattr(self, "_modes_before"):
-            depth = compat_torch_function.mode_stack_depth()
-            if depth != self._modes_before:
-                compat_torch_function.pop_modes(max(0, depth - self._modes_before))
-                raise self.failureException(
-                    "torch function mode stack was leaked: "
-                    f"length changed from {self._modes_before} to {depth}"
-                )
-            state = compat_torch_function.dispatch_state()
-            if state != self._dispatch_before:
-                compat_torch_function.set_dispatch_state(self._dispatch_before)
-                raise self.failureException(
-                    f"torch function state was leaked: changed from {self._dispatch_before} "
-                    f"to {state}"
-                )
+        state = getattr(self, "_process_state", None)  # a subclass's setUp may not call ours
+        leaked = state.restore() if state is not None else None
+        if leaked is not None:
+            raise self.failureException(leaked)
         super().tearDown()
 
     def _comparison_failure(self, msg: Message, reason: str) -> AssertionError:

@@ -3,12 +3,13 @@
 Threads make a multi-rank test cost milliseconds instead of process start-ups. `start` sets
 up what the ranks share (a ThreadedWorld, harness/threads/world.py, and the per-thread c10d
 world and warning filters) and starts one thread per rank; each thread builds its own
-instance of the test, hands it a RankContext, initialises its default group with the
-`threaded` backend (the case's ThreadRankHooks, harness/launch/hooks.py: `start_rank_thread`,
-then `finish_rank_thread` after the run) and runs it with `case.run(result)`, its
-events kept in the rank's RankRecord. `join` waits, stopping the ranks still running once
-one failed or skipped (the fail-fast policy of every mode, harness/launch/fail_fast.py) or at
-the timeout, with the stack of every rank still running.
+instance of what the job names (a test class, or a pytest function's rank program), hands it
+a RankContext, initialises its default group with the `threaded` backend (its
+ThreadRankHooks, harness/launch/hooks.py: `start_rank_thread`, then `finish_rank_thread`
+after the run) and runs it (`run(result)`), its events kept in the rank's RankRecord. `join`
+waits, stopping the ranks still running once one failed or skipped (the fail-fast policy of
+every mode, harness/launch/fail_fast.py) or at the timeout, with the stack of every rank
+still running.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import torch.distributed as dist
 
 from harness import settings
 from harness.compat import c10d_world
+from harness.compat import cpu_defaults as compat_cpu_defaults
 from harness.launch import fail_fast
-from harness.launch.context import GridSync, RankContext
+from harness.launch.context import GridSync, RankContext, running_as_rank
 from harness.launch.job import Job
 from harness.launch.launcher import Launcher, RankSetup
 from harness.outcome import stacks
@@ -36,7 +38,7 @@ from harness.outcome.rank_record import (
     RankRecord,
     RecordSink,
     ReportingResult,
-    failure_event,
+    raised_event,
 )
 from harness.threads import backend as threaded_pg
 from harness.threads import world as thread_world
@@ -62,6 +64,8 @@ class ThreadRanks(Launcher):
     def start(self, job: Job) -> RankSetup:
         world_size, timeout = job.world_size, job.timeout
         threaded_pg.register()
+        # HARNESS_ALLOW_CPU's CPU analogs, for the ranks this process runs (once per process).
+        compat_cpu_defaults.PROCESS_ADAPTATIONS.install()
         # Collectives wait longer than the test, so a hang is reported as the test timing
         # out (with stacks) rather than as a collective timing out.
         self.world = thread_world.ThreadedWorld(world_size, timeout + fail_fast.GRACE_S)
@@ -137,7 +141,7 @@ class ThreadRanks(Launcher):
             record = self.records[rank]
             record.stopped = True
             frame = frames.get(thread.ident) if thread.ident is not None else None
-            record.stack = stacks.format_stack(_frames(frame)) if frame else ""
+            record.set_stack(_frames(frame) if frame else [])
         self.world.abort("the test was stopped (timed out, or another rank failed)")
         for _, thread in running:
             _raise_in_thread(thread, RankThreadStopped)
@@ -154,7 +158,7 @@ class ThreadRanks(Launcher):
             rank, world.world_size, ReportingResult(sink), grid_sync=_grid_sync(world, rank),
             inputs=job.inputs,
         )
-        rank_case: Any = None  # a unittest.TestCase with the ThreadRankHooks
+        rank_case: Any = None  # the job's instance for this rank (its ThreadRankHooks)
         started = time.monotonic()
         try:
             # Thread-local: FSDP's backward hooks must run on the rank's own thread, not on
@@ -165,13 +169,14 @@ class ThreadRanks(Launcher):
             rank_case.attach_rank(context)
             rank_case.start_rank_thread()
         except BaseException:
-            sink.send(failure_event(sys.exc_info()))
+            sink.send(raised_event(sys.exc_info()))
         try:
             if rank_case is not None and not sink.failed:
-                rank_case.run(context.result)
+                with running_as_rank(rank_case):
+                    rank_case.run(context.result)
                 rank_case.finish_rank_thread(passed=not sink.failed)
         except BaseException:
-            sink.send(failure_event(sys.exc_info()))
+            sink.send(raised_event(sys.exc_info()))
         finally:
             failed = sink.failed
             self.records[rank].duration = time.monotonic() - started
