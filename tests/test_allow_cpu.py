@@ -139,6 +139,7 @@ CHILD = textwrap.dedent('''
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.nn.parallel import DistributedDataParallel as DDP
     from harness.compat import cpu_defaults as compat_cpu_defaults
+    from harness.launch.context import running_as_rank
 
     BUILDS = [
         ("fsdp", lambda: FSDP(nn.Linear(2, 2))),
@@ -155,9 +156,7 @@ CHILD = textwrap.dedent('''
             except Exception as error:
                 print(where, label, "error", str(error).splitlines()[0])
 
-    class Rank0(unittest.TestCase):  # what the adaptations look for: the running test's rank
-        rank = 0
-
+    class Rank0(unittest.TestCase):
         def runTest(self):
             build_all("rank")
 
@@ -165,7 +164,9 @@ CHILD = textwrap.dedent('''
     with tempfile.TemporaryDirectory() as folder:
         dist.init_process_group("gloo", init_method="file://" + os.path.join(folder, "rdv"),
                                 rank=0, world_size=1)
-        Rank0().runTest()
+        rank = Rank0()
+        with running_as_rank(rank):  # what the adaptations look for: a launcher runs a rank
+            rank.runTest()
         build_all("outside")
         dist.destroy_process_group()
 ''')

@@ -28,6 +28,23 @@ def raise_mine() -> None:
     raise Mine("boom")
 
 
+def chained() -> None:
+    """Fails because a peer left: its cause says so."""
+    try:
+        raise RuntimeError("Connection closed by peer")
+    except RuntimeError as error:
+        raise ValueError("collective failed") from error
+
+
+def event_of(fn) -> Event:  # type: ignore[no-untyped-def]
+    """The event a rank sends when `fn` raises there."""
+    try:
+        fn()
+    except BaseException:
+        return raised_event(sys.exc_info())
+    raise AssertionError("nothing raised")
+
+
 class FromTheLiveException(unittest.TestCase):
     def test_class_message_and_frames(self) -> None:
         failure = caught(raise_mine)
@@ -51,12 +68,6 @@ class FromTheLiveException(unittest.TestCase):
         self.assertEqual(failure.frames[-1].name, "raise_fake")
 
     def test_every_message_of_the_chain(self) -> None:
-        def chained() -> None:
-            try:
-                raise RuntimeError("Connection closed by peer")
-            except RuntimeError as error:
-                raise ValueError("collective failed") from error
-
         failure = caught(chained)
         self.assertEqual(failure.messages,
                          ("ValueError: collective failed",
@@ -69,11 +80,7 @@ class FromTheLiveException(unittest.TestCase):
 
 class MergedFromData(unittest.TestCase):
     def test_lead_names_the_class_and_the_raising_frame(self) -> None:
-        try:
-            raise_mine()
-        except Mine:
-            event = raised_event(sys.exc_info())
-        record = RankRecord(1, events=[event, Event("done")], exitcode=0)
+        record = RankRecord(1, events=[event_of(raise_mine), Event("done")], exitcode=0)
         lead = decide([RankRecord(0, events=[Event("done")], exitcode=0), record], None).lead
         assert lead is not None
         self.assertEqual(lead.exc_class, (__name__, "Mine"))
@@ -81,20 +88,7 @@ class MergedFromData(unittest.TestCase):
         self.assertEqual(lead.frames[-1].name, "raise_mine")
 
     def test_a_peer_leaving_in_a_cause_is_a_consequence(self) -> None:
-        def chained() -> None:
-            try:
-                raise RuntimeError("Connection closed by peer")
-            except RuntimeError as error:
-                raise ValueError("collective failed") from error
-
-        try:
-            chained()
-        except ValueError:
-            consequence = raised_event(sys.exc_info())
-        try:
-            raise_mine()
-        except Mine:
-            cause = raised_event(sys.exc_info())
+        consequence, cause = event_of(chained), event_of(raise_mine)
         records = [RankRecord(0, events=[consequence, Event("done")], exitcode=0, problem_at=1.0),
                    RankRecord(1, events=[cause, Event("done")], exitcode=0, problem_at=2.0)]
         self.assertEqual(decide(records, None).lead.label, "rank 1")
