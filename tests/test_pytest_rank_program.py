@@ -66,14 +66,14 @@ def kinds(record: RankRecord) -> List[str]:
 
 
 class Outcomes(unittest.TestCase):
-    def test_a_pass_gets_its_rank_fixtures(self) -> None:
+    def test_a_pass_gets_its_rank_fixtures_and_says_when_they_are_set_up(self) -> None:
         SEEN.clear()
         record = run_function("passes", ("rank", "world_size"))
-        self.assertEqual(kinds(record), ["success", "done"])
+        self.assertEqual(kinds(record), ["set_up", "success", "done"])
         self.assertEqual(SEEN, [(1, 2)])
 
     def test_an_assertion_is_a_failure_with_its_data(self) -> None:
-        event = run_function("fails").events[0]
+        event = run_function("fails").events[1]
         self.assertEqual((event.kind, event.status), ("failure", ""))
         failure = event.failure
         assert failure is not None
@@ -82,17 +82,17 @@ class Outcomes(unittest.TestCase):
         self.assertEqual(failure.frames[-1].name, "fails")
 
     def test_another_exception_is_an_error(self) -> None:
-        event = run_function("errs").events[0]
+        event = run_function("errs").events[1]
         self.assertEqual((event.kind, event.status, event.failure.exception),
                          ("failure", "error", "KeyError: 'nope'"))
 
     def test_pytest_skip_is_the_ranks_skip(self) -> None:
         record = run_function("skips")
         self.assertEqual([(e.kind, e.text) for e in record.events],
-                         [("skip", "not here"), ("done", "")])
+                         [("set_up", ""), ("skip", "not here"), ("done", "")])
 
     def test_sys_exit_is_the_ranks_exit(self) -> None:
-        self.assertEqual(kinds(run_function("exits_cleanly")), ["success", "done"])
+        self.assertEqual(kinds(run_function("exits_cleanly")), ["set_up", "success", "done"])
         record = run_function("exits_with_three")
         self.assertEqual(record.test_exit_code(), 3)
         self.assertTrue(record.failed)
@@ -115,7 +115,7 @@ class Outcomes(unittest.TestCase):
 
     def test_a_thread_rank_without_init_leaves_no_group(self) -> None:
         record = run_function("passes", ("rank", "world_size"), ThreadFunction)
-        self.assertEqual(kinds(record), ["success", "done"])
+        self.assertEqual(kinds(record), ["set_up", "success", "done"])
         self.assertFalse(dist.is_initialized())
 
 

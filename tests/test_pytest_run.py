@@ -4,6 +4,7 @@ failing), a pool call or a DistributedTest method, and a failure reaches pytest'
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -175,3 +176,38 @@ def test_ranks_that_cannot_start_here_skip_the_test() -> None:
         outcome = run.run_on_ranks(call, "fresh", 2, 5.0, None)
     assert (outcome.report.status, outcome.report.message) == (
         "skipped", "needs world size 2, torchrun launched 4 processes")
+
+
+def test_set_up_is_waited_for_until_every_rank_set_up_or_one_ended() -> None:
+    from harness.outcome.rank_record import Event, RankRecord
+    from tests.fixtures.events import rank_failure
+
+    set_up, running = RankRecord(0, events=[Event("set_up")]), RankRecord(1)
+    assert not run.set_up_or_ended([set_up, running])
+    assert run.set_up_or_ended([set_up, RankRecord(1, events=[Event("set_up")])])
+    assert run.set_up_or_ended([running, RankRecord(1, events=[Event("skip", "no")])])
+    fixture = rank_failure("Traceback\nValueError: x", status="error", phase="setup")
+    failed = RankRecord(1, events=[fixture])
+    assert run.set_up_or_ended([running, failed])
+    assert run.failed_setting_up(failed)
+    called = RankRecord(1, events=[Event("set_up"), rank_failure("Traceback\nValueError: x")])
+    assert not run.failed_setting_up(called)
+
+
+def pass_in_a_thread(rank: int) -> None:
+    assert rank in (0, 1)
+
+
+def test_a_run_started_in_set_up_is_joined_by_the_call_and_closed_once() -> None:
+    call = FunctionCall(test_id="t.py::pass_in_a_thread", module=__name__,
+                        qualname="pass_in_a_thread", argnames=("rank",), init=False)
+    released = []
+    resources = contextlib.ExitStack()
+    resources.callback(released.append, "lease")
+    started = run.StartedRun(call, "threads", 2, 10.0, None, resources=resources)
+    assert started.wait_for_set_up() is None  # the call phase joins
+    outcome = started.finish(None)
+    assert outcome.report.status == "passed" and released == ["lease"]
+    assert started.finish(None) is outcome  # joined once
+    started.close()
+    assert released == ["lease"]

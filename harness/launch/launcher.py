@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from harness.launch.job import Job
 from harness.outcome.rank_record import RankRecord
@@ -44,6 +44,14 @@ class Launcher(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Stop whatever still runs and remove what the ranks wrote; safe to call twice."""
+
+    def wait_until(
+        self, reached: Callable[[List[RankRecord]], bool], timeout: float
+    ) -> Optional[List[RankRecord]]:
+        """After `start`: take in what the ranks report, stopping nothing, until
+        `reached(records)` holds, every rank ended, or `timeout` seconds passed; the records so
+        far. None where the ranks run only inside `join` (torchrun's rank, simulated ranks)."""
+        return None
 
     def finish(self) -> None:
         """After `join`: stop whatever still runs, but keep what the test may still read (its

@@ -37,7 +37,8 @@ class Event(NamedTuple):
     counts it an error, not a failed assertion), "skip" (text: reason), "expected_failure"
     (failure), "unexpected_success", "subtest" (params, status pass/fail/skip; text: a skip's
     reason; failure: a failed point's), "exit" (count: the code the test passed to sys.exit,
-    upstream's exit code of the rank), "done" (count: grid points the rank ran).
+    upstream's exit code of the rank), "set_up" (a marked function's own fixtures are set up
+    in the rank: its call begins), "done" (count: grid points the rank ran).
     A failure's `text` is its `failure.text`, the traceback for display.
     """
 
@@ -47,6 +48,9 @@ class Event(NamedTuple):
     status: str = ""
     count: int = 0
     failure: Optional[Failure] = None
+
+
+SET_UP = "set_up"  # the kind of the event a rank sends once the test's own fixtures are set up
 
 
 class FixtureError(Exception):
@@ -291,6 +295,11 @@ class ReportingResult(unittest.TestResult):
             self.held.append(Event("success"))
         else:
             self._sink.send(Event("success"))
+
+    def report_set_up(self) -> None:
+        """The test's own fixtures are set up in this rank: its call begins (the pytest
+        process waits for this in pytest's set-up phase)."""
+        self._sink.send(Event(SET_UP))
 
     def report_skip(self, reason: str) -> None:
         """The test skipped itself in this rank."""

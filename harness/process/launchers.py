@@ -11,7 +11,7 @@ does.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from harness import settings
 from harness.launch.job import Job
@@ -48,6 +48,14 @@ class FreshProcesses(Launcher):
         group.start(job)
         return RankSetup(group.file_name, group.processes)
 
+    def wait_until(
+        self, reached: Callable[[List[RankRecord]], bool], timeout: float
+    ) -> Optional[List[RankRecord]]:
+        group = self._group
+        assert group is not None, "wait before start"
+        group.wait_until(reached, timeout)
+        return group.records
+
     def join(self, job: Job) -> Tuple[List[RankRecord], Optional[float]]:
         group = self._group
         assert group is not None, "join before start"
@@ -69,14 +77,21 @@ class SharedProcesses(Launcher):
 
     def __init__(self) -> None:
         self._sent_to: Optional[shared_ranks.SharedRanks] = None
-        self._key: Any = None
+        self._job: Optional[Job] = None
 
     def start(self, job: Job) -> RankSetup:
         _check_importable(job)
         ranks = shared_ranks.OPEN_RANKS.ranks_of(job)
         setup = ranks.send_test(job)
-        self._sent_to, self._key = ranks, job.shared_key
+        self._sent_to, self._job = ranks, job
         return setup
+
+    def wait_until(
+        self, reached: Callable[[List[RankRecord]], bool], timeout: float
+    ) -> Optional[List[RankRecord]]:
+        ranks, job = self._sent_to, self._job
+        assert ranks is not None and job is not None, "wait before start"
+        return ranks.wait_until(job, reached, timeout)
 
     def join(self, job: Job) -> Tuple[List[RankRecord], Optional[float]]:
         ranks, self._sent_to = self._sent_to, None
@@ -87,8 +102,8 @@ class SharedProcesses(Launcher):
     def close(self) -> None:
         """A test sent to the ranks but never joined (its setUp failed later) leaves them out
         of step: stop them. After a join the class's ranks stay for its next test."""
-        if self._sent_to is not None:
-            shared_ranks.OPEN_RANKS.stop(self._key)
+        if self._sent_to is not None and self._job is not None:
+            shared_ranks.OPEN_RANKS.stop(self._job.shared_key)
             self._sent_to = None
 
 

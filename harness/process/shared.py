@@ -60,8 +60,9 @@ class SharedRanks:
         assert group is not None
         return RankSetup(group.test_file(), group.processes)
 
-    def finish_test(self, job: Job) -> Tuple[List[RankRecord], bool]:
-        """The test's records, and whether its timeout stopped the ranks."""
+    def _meeting(self, job: Job) -> RankGroup:
+        """The group running the test, once a reused set met for it (a set that cannot meet is
+        replaced, and the test sent to the new one); asked once per test."""
         group = self.group
         if group is None:
             raise RuntimeError(f"{job.test_id}: the test was not sent to the ranks")
@@ -69,6 +70,25 @@ class SharedRanks:
             self.close()  # a broken set: run the test on new ranks instead
             group = self._start(job)
             group.send_test(job)
+        self._reused = False
+        return group
+
+    def wait_until(
+        self, job: Job, reached: Callable[[List[RankRecord]], bool], timeout: float
+    ) -> List[RankRecord]:
+        """The test's records once `reached(records)` holds, every rank ended, or `timeout`
+        seconds passed (RankGroup.wait_until); stops nothing."""
+        group = self._meeting(job)
+        try:
+            group.wait_until(reached, timeout)
+        except BaseException:  # KeyboardInterrupt, SIGTERM: no rank outlives the test
+            self.close()
+            raise
+        return group.records
+
+    def finish_test(self, job: Job) -> Tuple[List[RankRecord], bool]:
+        """The test's records, and whether its timeout stopped the ranks."""
+        group = self._meeting(job)
         try:
             timed_out = group.supervise(job.timeout)
         except BaseException:  # KeyboardInterrupt, SIGTERM: no rank outlives the test

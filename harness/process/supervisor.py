@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Any, Dict, List, Set
+from typing import Any, Callable, Dict, List, Set
 
 from harness import settings
 from harness.launch.fail_fast import FailFast
@@ -212,6 +212,21 @@ class RankGroup:
         if stream:
             self._stream()
         return bool(still_running) and not fail_fast.triggered
+
+    def wait_until(self, reached: Callable[[List[RankRecord]], bool], timeout: float) -> None:
+        """Take in what the ranks report until `reached(records)` holds, every rank ended, or
+        `timeout` seconds passed; stops nothing (`supervise` does, later)."""
+        deadline = time.monotonic() + timeout
+        stream = settings.show_output()
+        while not reached(self.records) and (
+            self._running() or any(rank not in self._alive for rank in self._readers)
+        ):
+            now = time.monotonic()
+            if now >= deadline:
+                return
+            self._wait_once(min(deadline - now, STREAM_INTERVAL_S) if stream else deadline - now)
+            if stream:
+                self._stream()
 
     def _ready(self, record: RankRecord) -> bool:
         return self._ready_for.get(record.rank, -1) >= self.round or record.finished

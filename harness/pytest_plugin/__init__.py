@@ -212,11 +212,9 @@ def pytest_runtest_makereport(
         longrepr = report_layout.longrepr(item, lead)
         if longrepr is not None:
             report.longrepr = longrepr
-        if lead.phase == "setup" and fixtures.RANKS in item.stash:
-            # A `@rank_fixture` failed in the rank: the test never ran, as when a fixture
-            # fails here ("ERROR at setup of", counted with the errors, JUnit's <error>).
-            report.when = "setup"
-    if call.when != "call":
+    # the ranks' output goes into the report of the phase that joined them: the call's, or
+    # the set-up's when a `@rank_fixture` failed there
+    if call.when != "call" and not (call.when == "setup" and report.failed):
         return report
     if report.skipped and fixtures.RANKS in item.stash and isinstance(report.longrepr, tuple):
         # A skip inside the ranks: pytest would point at the harness's raise; point at the test.

@@ -5,9 +5,11 @@
   reason (`device="cuda"` without enough devices); a marker that is wrong is reported by
   that test alone, as a one-line error when it is set up.
 - set-up: pytest resolves the fixtures in this process as usual; then `build_call` turns them
-  into the FunctionCall the ranks get (a value that cannot be sent is a one-line error).
-- call: `pytest_pyfunc_call` runs the call on the ranks (harness/pytest_plugin/run.py) and
-  raises what they reported, which the plugin lays out (report.py).
+  into the FunctionCall the ranks get (a value that cannot be sent is a one-line error), and
+  the ranks start (harness/pytest_plugin/run.py `StartedRun`); the phase waits until each
+  rank's own fixtures are set up, so a `@rank_fixture` failing there is this phase's error.
+- call: `pytest_pyfunc_call` joins the ranks and raises `RanksFailure` with the test's
+  report when they failed it, which the plugin lays out (report.py).
 - teardown: a `@rank_fixture` whose teardown failed in a rank (after the test passed there)
   errors here, as pytest's own fixtures do; a module's shared ranks stop once its last test
   ran.
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 from typing import Any, Dict, Optional, Tuple
@@ -47,7 +50,13 @@ from harness.pytest_plugin.marker import (
     read_ranks,
     size_id,
 )
-from harness.pytest_plugin.run import RanksFailure, SharedKey, raised_for, run_on_ranks
+from harness.pytest_plugin.run import (
+    FunctionRun,
+    RanksFailure,
+    SharedKey,
+    StartedRun,
+    raised_for,
+)
 
 GROUP_TIMEOUT_MARGIN_S = 60.0  # the default group outlives the test, so a hang is the test's
 
@@ -163,7 +172,25 @@ def pytest_runtest_setup(item: pytest.Item) -> Any:
             unsendable = str(error)
         if unsendable is not None:  # outside the except: one message, not a chain of two
             pytest.fail(unsendable, pytrace=False)
+        if not item.config.getoption("setuponly", False):
+            _start_in_set_up(item, ranks)
     return result
+
+
+def _start_in_set_up(item: pytest.Function, ranks: Ranks) -> None:
+    """Start the ranks now (a DistributedTest's first world size) and wait until each rank's
+    own fixtures are set up: a `@rank_fixture` that fails there is this phase's error
+    ("ERROR at setup", counted with the errors, JUnit's <error>), as a fixture of pytest's
+    is; otherwise the call phase joins the ranks (`pytest_pyfunc_call`)."""
+    started = start_placed(item.stash[stash.CALL], ranks, ranks.sizes[0],
+                           item.stash.get(stash.DEADLINE, None))
+    item.stash[stash.STARTED] = started
+    finished = started.wait_for_set_up()
+    lead = finished.report.own.lead if finished is not None else None
+    if finished is not None and finished.report.failed and lead is not None \
+            and lead.phase == "setup":
+        item.stash.setdefault(stash.RECORDS, []).extend(finished.records)
+        raise raised_for(finished.report)
 
 
 def _argnames(function: Any) -> Tuple[str, ...]:
@@ -241,10 +268,16 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Optional[bool]:
     if call is None:
         return None
     ranks = pyfuncitem.stash[RANKS]
+    deadline = pyfuncitem.stash.get(stash.DEADLINE, None)
+    started = pyfuncitem.stash.get(stash.STARTED, None)
     records: list = []
     try:
-        for size in ranks.sizes:  # one, but a DistributedTest's list runs in turn
-            run_placed(call, ranks, size, pyfuncitem.stash.get(stash.DEADLINE, None), records)
+        sizes = list(ranks.sizes)  # one, but a DistributedTest's list runs in turn
+        if started is not None:  # set-up started the ranks of the first: join them
+            raise_outcome(started.finish(deadline), records)
+            sizes = sizes[1:]
+        for size in sizes:
+            run_placed(call, ranks, size, deadline, records)
     except RanksFailure as error:
         lead = error.lead
         if lead is not None and lead.phase == "teardown":  # the test passed: its teardown's
@@ -263,23 +296,44 @@ def run_placed(
     call: FunctionCall, ranks: Ranks, world_size: int, deadline: Optional[float],
     records: list, pool: bool = False,
 ) -> None:
-    """Run `call` on `world_size` ranks where `ranks` puts them on this machine (their devices
-    leased for the run; shared sets keyed by that placement, `pool`'s apart); the ranks'
-    records go into `records`. The ranks' failure is raised (`RanksFailure`), then a thread
-    rank's leak of process state (an AssertionError, as a class's tearDown raises it), and
-    their skip is pytest's."""
+    """Run `call` on `world_size` ranks at once (`start_placed`, then join them); the
+    outcome as `raise_outcome` raises it."""
+    raise_outcome(start_placed(call, ranks, world_size, deadline, pool).finish(deadline),
+                  records)
+
+
+def start_placed(
+    call: FunctionCall, ranks: Ranks, world_size: int, deadline: Optional[float],
+    pool: bool = False,
+) -> StartedRun:
+    """Start `call` on `world_size` ranks where `ranks` puts them on this machine (their
+    devices leased until the run is finished; shared sets keyed by that placement, `pool`'s
+    apart); a placement that cannot run here is pytest's skip."""
     where = place(ranks, world_size)
     if where.skip is not None:
         pytest.skip(where.skip)
-    with leases.lease(where.device_type, world_size, settings.accelerator_count()) as held:
-        placed = dataclasses.replace(
-            call, device_type=where.device_type, devices=held, backend=where.backend
-        )
-        key = None
-        if ranks.mode == "shared":
-            key = SharedKey(call.module, world_size, where.device_type, held, where.backend,
-                            call.init, pool)
-        run = run_on_ranks(placed, ranks.mode, world_size, ranks.timeout, deadline, key)
+    resources = contextlib.ExitStack()
+    held = resources.enter_context(
+        leases.lease(where.device_type, world_size, settings.accelerator_count()))
+    placed = dataclasses.replace(
+        call, device_type=where.device_type, devices=held, backend=where.backend
+    )
+    key = None
+    if ranks.mode == "shared":
+        key = SharedKey(call.module, world_size, where.device_type, held, where.backend,
+                        call.init, pool)
+    try:
+        return StartedRun(placed, ranks.mode, world_size, ranks.timeout, deadline, key,
+                          resources)
+    except BaseException:
+        resources.close()
+        raise
+
+
+def raise_outcome(run: FunctionRun, records: list) -> None:
+    """The ranks' records go into `records`; their failure is raised (`RanksFailure`), then a
+    thread rank's leak of process state (an AssertionError, as a class's tearDown raises it),
+    and their skip is pytest's."""
     records.extend(run.records)
     outcome = run.report
     if outcome.failed:
@@ -294,9 +348,14 @@ def run_placed(
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Any:
-    """After pytest's teardown: a `@rank_fixture`'s teardown error in a rank is raised (pytest
-    reports "ERROR at teardown"); a module's shared ranks stop after its last test (their
-    "ranks" fixtures end there)."""
+    """Before pytest's teardown, ranks that set-up started and no call joined (the test ended
+    in its set-up) are stopped. After it: a `@rank_fixture`'s teardown error in a rank is raised
+    (pytest reports "ERROR at teardown"); a module's shared ranks stop after its last test
+    (their "ranks" fixtures end there)."""
+    started = item.stash.get(stash.STARTED, None)
+    if started is not None:
+        del item.stash[stash.STARTED]
+        started.close()
     try:
         result = yield
     finally:  # pytest's own teardown error, if any, is the one reported

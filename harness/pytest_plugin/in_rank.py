@@ -168,9 +168,10 @@ def _finish(generator: Any, name: str) -> None:
 
 def call_in_rank(
     call: FunctionCall, rank: int, world_size: int, init_method: str,
-    keep_ranks_scope: bool = False,
+    keep_ranks_scope: bool = False, set_up_done: Callable[[], None] = lambda: None,
 ) -> None:
-    """Build the test's arguments in this rank, call the test, tear the arguments down."""
+    """Build the test's arguments in this rank, say so (`set_up_done`), call the test, tear
+    the arguments down."""
     target = find_target(call.module, call.qualname, call.module_path)
     if isinstance(getattr(target, "__self__", None), DistributedTest):
         target.__self__.world_size = world_size  # this size, of a class that lists several
@@ -180,6 +181,7 @@ def call_in_rank(
     arguments = Arguments(call, rank, world_size, init_method, keep_ranks_scope)
     with arguments.teardown:  # a failed test: its failure leads, a teardown error chained
         kwargs = _in_phase("setup", call, lambda: arguments.build(call))
+        set_up_done()
         _as_unittest(lambda: target(**kwargs))
         teardown = arguments.teardown.pop_all()
     _in_phase("teardown", call, teardown.close)

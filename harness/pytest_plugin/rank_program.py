@@ -76,7 +76,8 @@ class FunctionProgram:
         """Make the call; report how it failed or skipped; whether it passed."""
         try:
             call_in_rank(self.call, self.rank, self.world_size, self._context.init_method,
-                         keep_ranks_scope=self.keeps_ranks_scope())
+                         keep_ranks_scope=self.keeps_ranks_scope(),
+                         set_up_done=result.report_set_up)
         except unittest.SkipTest as skip:  # pytest.skip in the rank (in_rank.py)
             result.report_skip(str(skip))
         except KeyboardInterrupt:

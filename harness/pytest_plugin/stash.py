@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import Any, List
 
 import pytest
 
@@ -13,4 +13,5 @@ DEADLINE = pytest.StashKey[float]()  # when pytest-timeout fires (time.monotonic
 RECORDS = pytest.StashKey[List[RankRecord]]()  # the ranks' records, for the output sections
 PROBLEM = pytest.StashKey[str]()  # a marked test that cannot run: the one-line reason
 CALL = pytest.StashKey[FunctionCall]()  # a marked test's call, once its fixtures are resolved
+STARTED = pytest.StashKey[Any]()  # its ranks, started in set-up (run.py StartedRun) until joined
 TEARDOWN_ERROR = pytest.StashKey[Exception]()  # a `@rank_fixture`'s teardown failed in a rank

@@ -20,7 +20,7 @@ import threading
 import time
 import traceback
 from contextlib import ExitStack
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,7 @@ from harness.threads import world as thread_world
 from harness.threads.warning_filters import per_thread_warnings
 
 STOP_GRACE_S = 2.0  # how long a rank thread gets to unwind once told to stop
+WAIT_POLL_S = 0.002  # how often `wait_until` looks at the records the rank threads fill
 
 
 class RankThreadStopped(BaseException):
@@ -97,6 +98,16 @@ class ThreadRanks(Launcher):
             return False
         self.records[rank].output += text
         return True
+
+    def wait_until(
+        self, reached: Callable[[List[RankRecord]], bool], timeout: float
+    ) -> Optional[List[RankRecord]]:
+        deadline = time.monotonic() + timeout
+        while not reached(self.records) and any(t.is_alive() for t in self.threads):
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(WAIT_POLL_S)
+        return self.records
 
     def join(self, job: Job) -> Tuple[List[RankRecord], Optional[float]]:
         world = self.world
