@@ -182,8 +182,14 @@ def _start_in_set_up(item: pytest.Function, ranks: Ranks) -> None:
     own fixtures are set up: a `@rank_fixture` that fails there is this phase's error
     ("ERROR at setup", counted with the errors, JUnit's <error>), as a fixture of pytest's
     is; otherwise the call phase joins the ranks (`pytest_pyfunc_call`)."""
-    started = start_placed(item.stash[stash.CALL], ranks, ranks.sizes[0],
-                           item.stash.get(stash.DEADLINE, None))
+    try:
+        started = start_placed(item.stash[stash.CALL], ranks, ranks.sizes[0],
+                               item.stash.get(stash.DEADLINE, None))
+    except (Exception, pytest.skip.Exception) as error:
+        # Ranks that cannot start (a forkserver that failed, a placement that skips) are the
+        # call's outcome, where they have always been reported.
+        item.stash[stash.START_ERROR] = error
+        return
     item.stash[stash.STARTED] = started
     finished = started.wait_for_set_up()
     lead = finished.report.own.lead if finished is not None else None
@@ -270,6 +276,10 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Optional[bool]:
     ranks = pyfuncitem.stash[RANKS]
     deadline = pyfuncitem.stash.get(stash.DEADLINE, None)
     started = pyfuncitem.stash.get(stash.STARTED, None)
+    start_error = pyfuncitem.stash.get(stash.START_ERROR, None)
+    if start_error is not None:
+        del pyfuncitem.stash[stash.START_ERROR]
+        raise start_error
     records: list = []
     try:
         sizes = list(ranks.sizes)  # one, but a DistributedTest's list runs in turn

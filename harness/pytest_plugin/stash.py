@@ -14,4 +14,5 @@ RECORDS = pytest.StashKey[List[RankRecord]]()  # the ranks' records, for the out
 PROBLEM = pytest.StashKey[str]()  # a marked test that cannot run: the one-line reason
 CALL = pytest.StashKey[FunctionCall]()  # a marked test's call, once its fixtures are resolved
 STARTED = pytest.StashKey[Any]()  # its ranks, started in set-up (run.py StartedRun) until joined
+START_ERROR = pytest.StashKey[BaseException]()  # ... or why they could not start, for the call
 TEARDOWN_ERROR = pytest.StashKey[Exception]()  # a `@rank_fixture`'s teardown failed in a rank
