@@ -45,7 +45,7 @@ from harness.threads import world as thread_world
 from harness.threads.warning_filters import per_thread_warnings
 
 STOP_GRACE_S = 2.0  # how long a rank thread gets to unwind once told to stop
-WAIT_POLL_S = 0.002  # how often `wait_until` looks at the records the rank threads fill
+WAIT_POLL_S = 0.0005  # how often `wait_until` looks at the records the rank threads fill
 
 
 class RankThreadStopped(BaseException):
