@@ -91,7 +91,9 @@ def run_recipe(folder: Path, files: Dict[str, str], *extra: str) -> Run:
     """pytest's run of these files, written into `folder` and run there as a user runs them."""
     for name, text in files.items():
         (folder / name).write_text(text)
-    env = user_pytest_env()
+    tmp = folder / "tmp"  # what the recipe's own launchers write (torchrun's log folder)
+    tmp.mkdir(exist_ok=True)
+    env = user_pytest_env(TMPDIR=str(tmp))
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
          "-q", "-rfEs", *extra],
