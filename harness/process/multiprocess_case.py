@@ -29,7 +29,7 @@ from harness.outcome.rank_record import RankRecord, raised_in_rank
 from harness.outcome.report import FAILED, PASSED, Outcome
 from harness.process import forkserver
 from harness.process.launchers import FreshProcesses, process_launcher
-from harness.process.rank import destroy_default_group
+from harness.process.rank import GRID_SYNC_TIMEOUT_S, destroy_default_group
 from harness.requirements.skip_codes import TEST_SKIPS
 from harness.requirements.world_size import BaseWorldSize, world_size_of
 
@@ -54,7 +54,7 @@ class MultiProcessTestCase(RankedTestCase):
     TEST_ERROR_EXIT_CODE = TEST_ERROR_EXIT_CODE
     # Upstream's 4; under torchrun, the processes it launched (harness/requirements/world_size.py).
     world_size: int = BaseWorldSize(launched=True)  # type: ignore[assignment]
-    grid_sync_timeout: float = 30.0  # seconds a rank waits for the others after a grid point
+    grid_sync_timeout: float = GRID_SYNC_TIMEOUT_S  # a rank's wait for the others after a point
     _init_method: Optional[str] = None  # set only by a suite that assigns `init_method`
 
     def __init__(

@@ -193,7 +193,7 @@ class RankGroup:
         deadline = time.monotonic() + timeout
         fail_fast = FailFast()
         stream = settings.show_output()
-        while self._running() or any(rank not in self._alive for rank in self._readers):
+        while self._reporting():
             stop_at = min(deadline, fail_fast.stop_at(self.records))
             now = time.monotonic()
             if now >= stop_at:
@@ -218,9 +218,7 @@ class RankGroup:
         `timeout` seconds passed; stops nothing (`supervise` does, later)."""
         deadline = time.monotonic() + timeout
         stream = settings.show_output()
-        while not reached(self.records) and (
-            self._running() or any(rank not in self._alive for rank in self._readers)
-        ):
+        while not reached(self.records) and self._reporting():
             now = time.monotonic()
             if now >= deadline:
                 return
@@ -230,6 +228,11 @@ class RankGroup:
 
     def _ready(self, record: RankRecord) -> bool:
         return self._ready_for.get(record.rank, -1) >= self.round or record.finished
+
+    def _reporting(self) -> bool:
+        """Whether a rank may still report: it runs the test, or its pipe still holds what
+        it sent before it exited."""
+        return bool(self._running()) or any(rank not in self._alive for rank in self._readers)
 
     def _running(self) -> List[int]:
         """Ranks still running the test: alive and (shared ranks) not done with it."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Hashable, List, Optional, Tuple
 
 from harness import settings
+from harness.launch.fail_fast import ended_test
 from harness.launch.job import Job, timeout_before
 from harness.launch.launcher import Launcher
 from harness.outcome.merge import decide
@@ -147,9 +148,8 @@ class StartedRun:
         the call phase joins them."""
         if self.result is not None:
             return self.result
-        left = max(0.0, self._limit - (time.monotonic() - self._began))
         try:
-            records = self._launcher.wait_until(set_up_or_ended, left)
+            records = self._launcher.wait_until(set_up_or_ended, self._left())
         except BaseException:
             self._close()
             raise
@@ -162,8 +162,7 @@ class StartedRun:
         leaves less), decide the test's report, release what the run held."""
         if self.result is not None:
             return self.result
-        left = max(0.0, self._limit - (time.monotonic() - self._began))
-        limit = self._limit
+        left, limit = self._left(), self._limit
         capped = _capped(left, deadline)
         if capped < left:  # the runner's deadline stops the ranks first: say so
             left = limit = capped
@@ -179,6 +178,10 @@ class StartedRun:
             shared.OPEN_RANKS.stop(self.job.shared_key)
         self.result = FunctionRun(report, list(records), leaked)
         return self.result
+
+    def _left(self) -> float:
+        """What is left of the ranks' time (from their start)."""
+        return max(0.0, self._limit - (time.monotonic() - self._began))
 
     def close(self) -> None:
         """Stop whatever still runs and release what the run held (a run never joined: the
@@ -201,8 +204,8 @@ class StartedRun:
 def set_up_or_ended(records: List[RankRecord]) -> bool:
     """Whether a rank ended the test (failed, skipped, exited) or every rank's own fixtures
     are set up: what pytest's set-up phase waits for."""
-    if any(record.finished or record.exitcode is not None or record.failed
-           or record.skip_reason() is not None for record in records):
+    if any(record.finished or record.exitcode is not None or ended_test(record)
+           for record in records):
         return True
     return all(any(event.kind == SET_UP for event in record.events) for record in records)
 
