@@ -125,14 +125,7 @@ import pytest
 import torch
 import torch.distributed as dist
 __PROBE__
-
-@pytest.mark.ranks(2)
-@pytest.mark.parametrize("i", range(__N__))
-def test_all_reduce(rank, world_size, i):
-    t = torch.ones(1) * (rank + 1)
-    dist.all_reduce(t)
-    assert t.item() == 3
-'''
+''' + runs.MARKED_ALL_REDUCE.replace("__MODE__", "fresh")
 
 _CLASS = '''
 import os
@@ -161,20 +154,7 @@ class TestAllReduce(MultiProcessTestCase):
         self.addCleanup(_stamp, "end")  # the last cleanup: after the launcher's
         super().setUp()
 
-
-def _all_reduce(self):
-    dist.init_process_group(
-        "gloo", init_method=self.init_method, rank=self.rank, world_size=self.world_size
-    )
-    t = torch.ones(1) * (self.rank + 1)
-    dist.all_reduce(t)
-    assert t.item() == 3
-    dist.destroy_process_group()
-
-
-for _i in range(__N__):
-    setattr(TestAllReduce, f"test_all_reduce_{_i:03d}", _all_reduce)
-'''
+''' + runs.CLASS_ALL_REDUCE
 
 # Imported by the probed test file, so in the pytest process (the supervisor), in the
 # forkserver (a fork of it, or an interpreter that imports the test file) and so in every rank.

@@ -46,14 +46,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-
-@pytest.mark.ranks(2, mode="__MODE__")
-@pytest.mark.parametrize("i", range(__N__))
-def test_all_reduce(rank, world_size, i):
-    t = torch.ones(1) * (rank + 1)
-    dist.all_reduce(t)
-    assert t.item() == 3
-'''
+''' + runs.MARKED_ALL_REDUCE
 
 _CLASS = '''
 import torch
@@ -67,20 +60,7 @@ class TestAllReduce(MultiProcessTestCase):
     def world_size(self):
         return 2
 
-
-def _all_reduce(self):
-    dist.init_process_group(
-        "gloo", init_method=self.init_method, rank=self.rank, world_size=self.world_size
-    )
-    t = torch.ones(1) * (self.rank + 1)
-    dist.all_reduce(t)
-    assert t.item() == 3
-    dist.destroy_process_group()
-
-
-for _i in range(__N__):
-    setattr(TestAllReduce, f"test_all_reduce_{_i:03d}", _all_reduce)
-'''
+''' + runs.CLASS_ALL_REDUCE
 
 _POOL_PER_TEST = '''
 import multiprocessing

@@ -49,14 +49,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-
-@pytest.mark.ranks(2)
-@pytest.mark.parametrize("i", range(__N__))
-def test_all_reduce(rank, world_size, i):
-    t = torch.ones(1) * (rank + 1)
-    dist.all_reduce(t)
-    assert t.item() == 3
-'''
+''' + runs.MARKED_ALL_REDUCE.replace("__MODE__", "fresh")
 
 _SESSION_POOL = '''
 import os

@@ -56,6 +56,35 @@ GROUP_EXIT_WAIT_S = 10.0  # how long a run's helpers (forkserver, pool workers) 
 
 T = TypeVar("T")
 
+# The marked test every pytest-session benchmark times (`__N__` of them; `__MODE__`: the
+# ranks' mode), after the imports and set-up each file adds: one definition, so that every
+# variant measures the same body.
+MARKED_ALL_REDUCE = '''
+@pytest.mark.ranks(2, mode="__MODE__")
+@pytest.mark.parametrize("i", range(__N__))
+def test_all_reduce(rank, world_size, i):
+    t = torch.ones(1) * (rank + 1)
+    dist.all_reduce(t)
+    assert t.item() == 3
+'''
+# ... and the same body as a test class's tests (after a file's `TestAllReduce`, a
+# MultiProcessTestCase of 2 ranks): each makes and destroys its own group, as a fresh
+# marked test's ranks do.
+CLASS_ALL_REDUCE = '''
+def _all_reduce(self):
+    dist.init_process_group(
+        "gloo", init_method=self.init_method, rank=self.rank, world_size=self.world_size
+    )
+    t = torch.ones(1) * (self.rank + 1)
+    dist.all_reduce(t)
+    assert t.item() == 3
+    dist.destroy_process_group()
+
+
+for _i in range(__N__):
+    setattr(TestAllReduce, f"test_all_reduce_{_i:03d}", _all_reduce)
+'''
+
 
 class RunFailed(Exception):
     """A variant's run did not pass all its tests."""
